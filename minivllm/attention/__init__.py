@@ -1,0 +1,34 @@
+"""Attention backends over a paged KV cache.
+
+Every backend has one method::
+
+    forward(query [T, H, D], key [T, KVH, D], value [T, KVH, D],
+            k_cache [num_blocks, block_size, KVH, D], v_cache (same), meta, scale) -> [T, H, D]
+
+which writes the new K/V rows into the cache through ``meta.slot_mapping`` and then computes
+causal attention of the new tokens over everything cached for their sequence.
+"""
+
+from __future__ import annotations
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_ref import TorchAttentionBackend
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def get_attention_backend(name: str = "auto", device: str = "cpu"):
+    """Return a backend instance. ``auto``: compiled Triton on CUDA, the PyTorch reference on CPU
+    (the Triton interpreter is for learning and testing, not for speed)."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend={name!r} is not one of {ATTENTION_BACKENDS}")
+    if name == "auto":
+        name = "triton" if str(device).startswith("cuda") else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    from minivllm.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()
+
+
+__all__ = ["AttentionMetadata", "TorchAttentionBackend", "get_attention_backend", "ATTENTION_BACKENDS"]

@@ -1,0 +1,74 @@
+"""The description of one flat batch that attention needs, passed explicitly to every layer.
+
+A step's batch is the concatenation of each scheduled sequence's *new* tokens (a whole prompt,
+a prompt chunk, or one decode token). Nothing is padded. For sequence ``i``:
+
+* its new tokens are rows ``query_start_loc[i] : query_start_loc[i + 1]`` of the flat batch;
+* ``seq_lens[i]`` counts every token whose K/V will be in the cache after this step, so the
+  tokens already cached before the step number ``seq_lens[i] - query_len_i`` (the *context*);
+* ``block_tables[i, j]`` is the physical block that holds its logical block ``j``;
+* ``slot_mapping[t] = block * block_size + offset`` is where token ``t``'s K/V is written
+  (``-1``: do not write, used for padding tokens).
+
+The new tokens of a sequence occupy its last ``query_len`` positions, so new token ``j``
+(0-based) sits at position ``seq_len - query_len + j`` and attends to positions ``<=`` that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = skip
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32 (unused entries: 0)
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        slot_mapping: list[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Build the tensors from plain lists (what the model runner has in hand)."""
+        if not (len(query_lens) == len(seq_lens) == len(block_tables)):
+            raise ValueError(
+                f"query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and block_tables "
+                f"({len(block_tables)}) must describe the same number of sequences"
+            )
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        width = max((len(t) for t in block_tables), default=0) or 1
+        table = torch.zeros((len(block_tables), width), dtype=torch.int32)
+        for i, row in enumerate(block_tables):
+            if row:
+                table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        return cls(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=table.to(device),
+            max_query_len=max(query_lens, default=0),
+            max_seq_len=max(seq_lens, default=0),
+            block_size=block_size,
+        )

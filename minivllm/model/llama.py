@@ -1,0 +1,156 @@
+"""A decoder for the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3) over one flat batch.
+
+The model never sees a padded ``[batch, seq]`` tensor. A step's input is every scheduled
+sequence's new tokens laid end to end (``input_ids [T]``, ``positions [T]``) plus an
+:class:`~minivllm.attention.AttentionMetadata` that says where each sequence starts, where each
+token's K/V goes in the paged cache, and which blocks each sequence may read. Everything except
+attention is per token, so it runs on the flat batch unchanged; attention is delegated to a
+backend that reads each sequence's context through its block table.
+
+Module and parameter names match Hugging Face checkpoints so that weights load by name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.model.config import ModelConfig
+from minivllm.model.rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = self.head_dim**-0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k before RoPE
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.backend = backend
+        # Bound by Model.bind_kv_cache: [num_blocks, block_size, num_kv_heads, head_dim] each.
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.k_cache is None:
+            raise RuntimeError("no KV cache bound: call Model.bind_kv_cache(...) first")
+        out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend):
+        super().__init__()
+        self.self_attn = Attention(cfg, backend)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """Hugging Face's ``model.*`` submodule: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig, backend):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaFamilyModel(nn.Module):
+    """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``;
+    ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` only for the rows that are sampled."""
+
+    def __init__(self, cfg: ModelConfig, backend):
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderStack(cfg, backend)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def set_attention_backend(self, backend) -> None:
+        for attn in self.attention_layers:
+            attn.backend = backend
+
+    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Give every layer its ``(k_cache, v_cache)``; one pair per layer."""
+        if len(kv_caches) != self.config.num_layers:
+            raise ValueError(f"got {len(kv_caches)} KV cache pairs for {self.config.num_layers} layers")
+        for attn, (k, v) in zip(self.attention_layers, kv_caches, strict=True):
+            attn.k_cache, attn.v_cache = k, v
+
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Allocate zeroed paged caches for every layer, bind them, and return them."""
+        p = self.lm_head.weight
+        shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        caches = [
+            (
+                torch.zeros(shape, dtype=dtype or p.dtype, device=device or p.device),
+                torch.zeros(shape, dtype=dtype or p.dtype, device=device or p.device),
+            )
+            for _ in range(self.config.num_layers)
+        ]
+        self.bind_kv_cache(caches)
+        return caches
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, attn_metadata)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

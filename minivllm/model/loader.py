@@ -1,0 +1,116 @@
+"""Load a Hugging Face checkpoint directory (or hub name) into :class:`LlamaFamilyModel`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from minivllm.attention import get_attention_backend
+from minivllm.model.config import ModelConfig
+from minivllm.model.llama import LlamaFamilyModel
+
+TINY_MODEL_DIR = str(Path(__file__).resolve().parent.parent / "tiny_model")
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+_HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.json", "tokenizer*"]
+
+
+def resolve_model_path(model: str | os.PathLike | None) -> Path:
+    """A local directory is used as is; anything else is looked up on the Hugging Face hub."""
+    if model is None:
+        return Path(TINY_MODEL_DIR)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face checkpoint")
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model), allow_patterns=_HUB_FILES))
+    except Exception as exc:  # offline, unknown name, gated repo...
+        raise FileNotFoundError(
+            f"{model!r} is not a local checkpoint directory and could not be fetched from the "
+            f"Hugging Face hub ({type(exc).__name__}: {exc}). Offline, use a local directory or "
+            f"the shipped tiny model (minivllm.TINY_MODEL_DIR = {TINY_MODEL_DIR})."
+        ) from exc
+
+
+def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """``auto``: the checkpoint's dtype on a GPU, float32 on a CPU (CPU half precision is slow)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return _DTYPES.get(cfg.torch_dtype, torch.float16)
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_weights(model: LlamaFamilyModel, path: Path) -> None:
+    """Copy every tensor of ``*.safetensors`` into the parameter of the same name."""
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {path}")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue  # some old checkpoints store this buffer; we recompute it
+                if name not in params:
+                    if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                        continue
+                    raise KeyError(f"checkpoint tensor {name!r} has no matching parameter")
+                with torch.no_grad():
+                    params[name].copy_(f.get_tensor(name))
+                seen.add(name)
+    missing = set(params) - seen
+    if model.config.tie_word_embeddings:
+        missing.discard("lm_head.weight")
+    if missing:
+        raise KeyError(f"checkpoint has no tensor for: {sorted(missing)[:5]}")
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
+    attention_backend: str = "auto",
+) -> tuple[LlamaFamilyModel, Path]:
+    """Build the decoder for a checkpoint and load its weights. Returns ``(model, path)``."""
+    path = resolve_model_path(model)
+    cfg = ModelConfig.from_file(path)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_dtype = resolve_dtype(dtype, cfg, device)
+    backend = get_attention_backend(attention_backend, device.type)
+    with torch.device("meta"):
+        net = LlamaFamilyModel(cfg, backend)
+    net = net.to_empty(device=device).to(torch_dtype)
+    # to_empty leaves non-persistent buffers uninitialised: recompute the RoPE frequencies.
+    net.rotary.__init__(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    net.rotary.to(device)
+    if cfg.tie_word_embeddings:
+        net.lm_head.weight = net.model.embed_tokens.weight
+    load_weights(net, path)
+    return net.eval(), path
+
+
+def load_tokenizer(path: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
