@@ -58,7 +58,10 @@ class AttentionMetadata:
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        width = max((len(t) for t in block_tables), default=0) or 1
+        # wide enough for every position read (padded static-batch rows can read past their
+        # own blocks; those rows point at block 0 and their results are discarded)
+        max_seq = max(seq_lens, default=0)
+        width = max(max((len(t) for t in block_tables), default=0), -(-max_seq // block_size), 1)
         table = torch.zeros((len(block_tables), width), dtype=torch.int32)
         for i, row in enumerate(block_tables):
             if row:

@@ -1,0 +1,189 @@
+"""Per-request block tables over a :class:`BlockPool`: the paged KV cache's bookkeeping.
+
+The manager speaks in requests and token counts; the pool speaks in blocks. A request's block
+table is the list of physical blocks holding its logical blocks 0, 1, 2, ... A request only
+ever owns ``ceil(tokens / block_size)`` blocks, so at most ``block_size - 1`` slots per request
+are reserved but empty: that is why paging wastes almost nothing.
+
+With prefix caching, every *full* block is registered under a hash of its tokens chained with
+the hash of the block before it. A new request looks up its prompt's block hashes in order and
+reuses the longest run of hits (never the whole prompt: the last prompt token must be computed
+so that there are logits to sample from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from minivllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
+from minivllm.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Paged KV cache: blocks are taken on demand and returned when a request ends."""
+
+    kind = "paged"
+
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_to_block_ids: dict[str, list[int]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+
+    # --- sizes ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.block_pool.num_used_blocks
+
+    @property
+    def num_reserved_slots(self) -> int:
+        """Token slots set aside for running requests (here: whole blocks in use)."""
+        return self.block_pool.num_used_blocks * self.block_size
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return self.req_to_block_ids.get(request_id, [])
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, [])
+
+    # --- prefix cache --------------------------------------------------------------------
+    def block_hashes(self, request: Request) -> list[BlockHash]:
+        """Extend ``request.block_hashes`` to cover every full block of its tokens."""
+        hashes = request.block_hashes
+        bs = self.block_size
+        num_full = len(request.all_token_ids) // bs
+        while len(hashes) < num_full:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            extra = (request.cache_salt,) if (i == 0 and request.cache_salt is not None) else None
+            hashes.append(hash_block(parent, request.all_token_ids[i * bs : (i + 1) * bs], extra))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest run of cached full blocks at the start of the request's tokens.
+
+        Returns ``(blocks, num_tokens_they_hold)``. Nothing is reserved until
+        :meth:`allocate_slots` is called with these blocks.
+        """
+        if not self.enable_caching:
+            return [], 0
+        # Never hit the last token: it must be computed to produce logits.
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        lookup = self.block_pool.cached_blocks
+        for h in self.block_hashes(request)[:max_hit_blocks]:
+            block = lookup.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    # --- allocation ----------------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request``.
+
+        ``new_computed_blocks`` are prefix-cache hits (from :meth:`get_computed_blocks`) to
+        attach first. ``num_lookahead_tokens`` reserves room beyond that (used by the static
+        baseline to reserve a request's worst case up front).
+
+        Returns the newly taken blocks (possibly ``[]``), or ``None`` if the pool cannot supply
+        them, in which case *nothing* changed: no block taken, no reference count touched.
+        """
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        num_have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_needed = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // self.block_size)
+        num_new_blocks = num_needed - num_have
+        if num_new_blocks <= 0 and not new_computed_blocks:
+            # fast path (a decode step inside the current block): nothing to allocate
+            if self.enable_caching:
+                self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+            return []
+        pool = self.block_pool
+        # Hits sitting in the free queue stop being available once we take them.
+        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if max(num_new_blocks, 0) > pool.num_free_blocks - num_free_hits:
+            return None
+        if blocks is None:
+            blocks = self.req_to_blocks[rid] = []
+            self.req_to_block_ids[rid] = []
+        ids = self.req_to_block_ids[rid]
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            ids.extend(b.block_id for b in new_computed_blocks)
+            self._num_cached_blocks[rid] = len(blocks)
+        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        blocks.extend(new_blocks)
+        ids.extend(b.block_id for b in new_blocks)
+        if self.enable_caching:
+            self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Register the blocks that will be full once ``num_tokens`` tokens are written."""
+        num_full = num_tokens // self.block_size
+        rid = request.request_id
+        start = self._num_cached_blocks.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request)
+        for i in range(start, num_full):
+            self.block_pool.cache_full_block(blocks[i], hashes[i])
+        self._num_cached_blocks[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Return a request's blocks, tail first (so its shared prefix is evicted last)."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.req_to_block_ids.pop(rid, None)
+        self._num_cached_blocks.pop(rid, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def reset_prefix_cache(self) -> None:
+        self.block_pool.reset_prefix_cache()
+
+    # --- invariants ----------------------------------------------------------------------
+    def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
+        """Every block is free (ref 0, in the free queue) or referenced exactly as many times
+        as block tables point at it. Raises ``AssertionError`` naming the first violation."""
+        counts = [0] * self.num_blocks
+        for rid, blocks in self.req_to_blocks.items():
+            assert [b.block_id for b in blocks] == self.req_to_block_ids[rid], f"block ids of {rid} out of sync"
+            for b in blocks:
+                counts[b.block_id] += 1
+        in_queue = {b.block_id for b in self.block_pool.free_queue}
+        assert len(in_queue) == self.block_pool.num_free_blocks, "free queue length mismatch"
+        for b in self.block_pool.blocks:
+            assert b.ref_cnt == counts[b.block_id], (
+                f"block {b.block_id}: ref_cnt {b.ref_cnt} but {counts[b.block_id]} block-table references"
+            )
+            assert (b.ref_cnt == 0) == (b.block_id in in_queue), (
+                f"block {b.block_id}: ref_cnt {b.ref_cnt} but in free queue = {b.block_id in in_queue}"
+            )
+        for h, b in self.block_pool.cached_blocks.items():
+            assert b.block_hash == h, f"hash map points at block {b.block_id} that holds another hash"
+        if live_request_ids is not None:
+            extra = set(self.req_to_blocks) - set(live_request_ids)
+            assert not extra, f"blocks held by requests that are not live: {sorted(extra)[:5]}"

@@ -1,0 +1,1 @@
+"""The serving loop: model runner, sampler, detokenizer, engine, and the ``LLM`` front end."""

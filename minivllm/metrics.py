@@ -1,0 +1,75 @@
+"""Per-step and per-request measurements, shared by the engine and the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.outputs import RequestMetrics
+
+
+@dataclass
+class StepStats:
+    step: int
+    start_time: float
+    duration: float
+    num_running: int  # requests holding a seat after scheduling
+    num_waiting: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_padding_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    tokens_stored: int  # token K/V entries held for live requests
+    slots_reserved: int  # token slots set aside for them
+    num_preemptions: int  # this step
+    num_batched_seqs: int = 0  # sequences in this step's forward pass
+
+    @property
+    def kv_utilization(self) -> float:
+        """Tokens stored / token slots reserved (1.0 = no slot wasted)."""
+        return self.tokens_stored / self.slots_reserved if self.slots_reserved else 0.0
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_padding_tokens
+
+
+@dataclass
+class EngineStats:
+    steps: list[StepStats] = field(default_factory=list)
+    requests: dict[str, RequestMetrics] = field(default_factory=dict)
+    prefix_hit_rate: float = 0.0
+
+    def column(self, name: str) -> list:
+        """One field of every step, for plotting: ``stats.column("num_running")``."""
+        return [getattr(s, name) for s in self.steps]
+
+    def summary(self) -> dict[str, float]:
+        steps = self.steps
+        total_time = sum(s.duration for s in steps)
+        decode = sum(s.num_decode_tokens for s in steps)
+        prefill = sum(s.num_prefill_tokens for s in steps)
+        padding = sum(s.num_padding_tokens for s in steps)
+        reserved = sum(s.slots_reserved for s in steps)
+        stored = sum(s.tokens_stored for s in steps)
+        out_tokens = sum(m.num_output_tokens for m in self.requests.values())
+        ttfts = [m.ttft for m in self.requests.values() if m.ttft is not None]
+        tpots = [m.tpot for m in self.requests.values() if m.tpot is not None]
+        e2e = [m.e2e_latency for m in self.requests.values() if m.e2e_latency is not None]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        return {
+            "num_steps": len(steps),
+            "total_time_s": total_time,
+            "output_tokens": out_tokens,
+            "output_tokens_per_s": out_tokens / total_time if total_time else float("nan"),
+            "prefill_tokens": prefill,
+            "decode_tokens": decode,
+            "padding_tokens": padding,
+            "mean_batch_seqs": mean([s.num_batched_seqs for s in steps]),
+            "mean_kv_utilization": stored / reserved if reserved else float("nan"),
+            "preemptions": sum(s.num_preemptions for s in steps),
+            "mean_ttft_s": mean(ttfts),
+            "mean_tpot_s": mean(tpots),
+            "mean_e2e_s": mean(e2e),
+            "prefix_hit_rate": self.prefix_hit_rate,
+        }
