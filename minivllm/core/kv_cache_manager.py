@@ -141,8 +141,9 @@ class KVCacheManager:
         return new_blocks
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Register the blocks that will be full once ``num_tokens`` tokens are written."""
-        num_full = num_tokens // self.block_size
+        """Register the blocks that will be full once ``num_tokens`` tokens are written
+        (only tokens the request already has: lookahead room is never hashed)."""
+        num_full = min(num_tokens, len(request.all_token_ids)) // self.block_size
         rid = request.request_id
         start = self._num_cached_blocks.get(rid, 0)
         if num_full <= start:

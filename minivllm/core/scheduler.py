@@ -154,7 +154,10 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, victim: Request, out: SchedulerOutput, scheduled: dict) -> int:
+        """Free the victim's blocks and requeue it for recomputation. If it was already part
+        of this step's batch, take it out again; returns the budget tokens that frees."""
+        undone = scheduled.pop(victim.request_id, None)
         self.running.remove(victim)
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
@@ -163,6 +166,7 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(victim)
         self._push_waiting(victim, front=True)
+        return undone.num_new if undone is not None else 0
 
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
@@ -177,6 +181,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = req.num_tokens - req.num_computed_tokens
+            if num_new <= 0:  # nothing to compute until its next token is sampled
+                i += 1
+                continue
             if num_new > budget:
                 if not chunked:
                     i += 1
@@ -188,11 +195,7 @@ class Scheduler:
                     break
                 preempted_any = True
                 victim = self._pick_victim()
-                undone = scheduled.pop(victim.request_id, None)
-                if undone is not None:  # (priority policy) the victim was already scheduled
-                    budget += undone.num_new
-                    victim.num_computed_tokens = undone.num_computed
-                self._preempt(victim, out)
+                budget += self._preempt(victim, out, scheduled)
                 if victim is req:
                     num_new = 0
                     break
@@ -217,8 +220,10 @@ class Scheduler:
                         break
                     num_new = budget
                 if kv.allocate_slots(req, num_new, hit_blocks) is None:
-                    if not self._preempt_for(req, out, scheduled):
+                    freed = self._preempt_for(req, out, scheduled)
+                    if freed is None:
                         break
+                    budget += freed
                     continue
                 self._pop_waiting()
                 if req.first_scheduled_time is None and req.num_preemptions == 0:
@@ -239,19 +244,16 @@ class Scheduler:
         out.scheduled = list(scheduled.values())
         return out
 
-    def _preempt_for(self, req: Request, out: SchedulerOutput, scheduled: dict) -> bool:
+    def _preempt_for(self, req: Request, out: SchedulerOutput, scheduled: dict) -> int | None:
         """Priority policy only: make room for a more important waiting request by preempting
-        the least important running one that is not already in this step's batch."""
-        if self.config.policy != "priority":
-            return False
-        candidates = [r for r in self.running if r.request_id not in scheduled]
-        if not candidates:
-            return False
-        victim = max(candidates, key=lambda r: (r.priority, r.arrival_time))
+        the least important running one. Returns the budget tokens freed, or None if no running
+        request ranks below ``req``."""
+        if self.config.policy != "priority" or not self.running:
+            return None
+        victim = self._pick_victim()
         if (victim.priority, victim.arrival_time) <= (req.priority, req.arrival_time):
-            return False
-        self._preempt(victim, out)
-        return True
+            return None
+        return self._preempt(victim, out, scheduled)
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: dict[str, int], max_model_len: int | None = None
