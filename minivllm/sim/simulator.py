@@ -1,0 +1,276 @@
+"""The engine loop with the model replaced by a clock: GPU-scale serving on a laptop.
+
+:class:`Simulator` builds *the same* scheduler and KV-cache manager objects that
+:class:`minivllm.engine.LLMEngine` builds from the same engine arguments, feeds them a trace,
+and at every step asks a :class:`~minivllm.sim.cost_model.CostModel` how long the step's batch
+would take on the chosen GPU instead of running a model. Every scheduling decision (admission,
+chunking, preemption, static-batch padding) is therefore the real one; only time is modelled.
+
+Differences from the engine, on purpose:
+
+* sampled tokens are placeholders (``placeholder_token``); every request runs with
+  ``ignore_eos=True`` and ``max_tokens`` = the trace's output length, so it ends exactly there;
+* the clock is simulated: a step starts at ``clock`` and lasts the cost model's time; requests
+  join the waiting queue when the clock passes their arrival time; when nothing is running the
+  clock jumps to the next arrival;
+* the KV pool is sized from the GPU's memory: ``memory x gpu_memory_utilization - weights -
+  activation reserve`` (like vLLM's ``gpu_memory_utilization``), unless ``num_kv_blocks`` or
+  ``kv_cache_memory`` is given explicitly, exactly as for the engine.
+
+It fills the same :class:`~minivllm.metrics.EngineStats` (one ``StepStats`` per step, one
+``RequestMetrics`` per request), so every table and plot works on both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from minivllm.config import EngineArgs
+from minivllm.core.contiguous_kv import ContiguousKVCacheManager
+from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
+from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.static_scheduler import StaticBatchScheduler
+from minivllm.metrics import EngineStats, StepStats
+from minivllm.outputs import RequestMetrics
+from minivllm.request import Request
+from minivllm.sampling_params import SamplingParams
+from minivllm.sim.cost_model import CostModel, StepCost
+from minivllm.sim.hardware import Hardware, get_hardware
+from minivllm.sim.model_spec import ModelSpec, preset
+
+
+class Simulator:
+    """``Simulator(model, hardware, **engine_args).run(trace) -> EngineStats``.
+
+    ``model``: a :class:`ModelSpec` or a preset name; ``hardware``: a :class:`Hardware` or a
+    name from :data:`minivllm.sim.hardware.HARDWARE`. ``engine_args`` are the keywords of
+    :class:`minivllm.config.EngineArgs` (``block_size``, ``num_kv_blocks``, ``max_num_seqs``,
+    ``scheduler``, ``kv_cache``, ...); arguments about the model runner (``dtype``,
+    ``device``, ``attention_backend``) are accepted and ignored. The KV dtype is the
+    ``ModelSpec``'s ``kv_dtype``.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec | str,
+        hardware: Hardware | str,
+        *,
+        cost_model: CostModel | None = None,
+        gpu_memory_utilization: float = 0.9,
+        activation_reserve_bytes: float | None = None,
+        record_decisions: bool = False,
+        placeholder_token: int = 0,
+        **engine_args,
+    ):
+        self.model = preset(model) if isinstance(model, str) else model
+        self.hardware = get_hardware(hardware)
+        self.cost_model = cost_model or CostModel(self.model, self.hardware)
+        if self.cost_model.model != self.model or self.cost_model.hardware != self.hardware:
+            raise ValueError("cost_model was built for another model or hardware")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.args = args = EngineArgs.from_kwargs(**engine_args)
+        self.max_model_len = args.max_model_len or self.model.max_position_embeddings
+        if self.max_model_len > self.model.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
+                f"{self.model.max_position_embeddings}"
+            )
+        chunked = args.enable_chunked_prefill
+        # same default token budget as LLMEngine
+        budget = args.max_num_batched_tokens or (2048 if chunked else max(2048, self.max_model_len))
+        self._activation_reserve = (
+            activation_reserve_bytes
+            if activation_reserve_bytes is not None
+            else self.estimate_activation_bytes(budget, args.max_num_seqs)
+        )
+        num_blocks = self._num_kv_blocks()
+        if args.kv_cache == "contiguous":
+            self.kv = ContiguousKVCacheManager(num_blocks, args.block_size, self.max_model_len)
+        else:
+            self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        sched_cfg = SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=chunked,
+            policy=args.scheduling_policy,
+        )
+        sched_cls = StaticBatchScheduler if args.scheduler == "static" else Scheduler
+        self.scheduler = sched_cls(sched_cfg, self.kv)
+        self.stats = EngineStats()
+        self.clock = 0.0
+        self.record_decisions = record_decisions
+        self.decisions: list[list[tuple[str, int]]] = []  # one entry per step, if recorded
+        self.step_costs: list[StepCost] = []
+        self.placeholder_token = placeholder_token
+        self._step = 0
+
+    # --- memory --------------------------------------------------------------------------
+    def estimate_activation_bytes(self, max_batched_tokens: int, max_num_seqs: int) -> float:
+        """Peak transient memory of one forward pass (a rough stand-in for vLLM's profiling run):
+        the widest per-token intermediate (hidden + 2 x MLP width, 16-bit) for every batched
+        token, plus fp32 logits for every sampled row."""
+        m = self.model
+        per_token = (m.hidden_size + 2 * m.intermediate_size) * 2
+        return max_batched_tokens * per_token + max_num_seqs * m.vocab_size * 4
+
+    @property
+    def kv_block_bytes(self) -> float:
+        return self.model.kv_bytes_per_token() * self.args.block_size
+
+    def kv_memory_from_hardware(self) -> float:
+        """Bytes left for the KV cache: usable memory minus weights minus activations."""
+        usable = self.hardware.memory_bytes * self.gpu_memory_utilization
+        return usable - self.model.weight_bytes - self._activation_reserve
+
+    def _num_kv_blocks(self) -> int:
+        args = self.args
+        if args.num_kv_blocks is not None:
+            num_blocks, source = args.num_kv_blocks, f"num_kv_blocks={args.num_kv_blocks}"
+        else:
+            memory = args.kv_cache_memory or self.kv_memory_from_hardware()
+            if memory <= 0:
+                raise ValueError(
+                    f"{self.model.name} weights ({self.model.weight_bytes / 1e9:.1f} GB) leave no room "
+                    f"for a KV cache on {self.hardware.name} ({self.hardware.memory_bytes / 1e9:.0f} GB x "
+                    f"{self.gpu_memory_utilization})"
+                )
+            num_blocks = int(memory // self.kv_block_bytes)
+            source = f"{memory / 1e9:.2f} GB of KV cache ({self.kv_block_bytes:.0f} bytes per block)"
+        needed = cdiv(self.max_model_len, args.block_size)
+        if num_blocks < needed:
+            raise ValueError(
+                f"the KV cache holds {num_blocks} blocks (from {source}) but one "
+                f"max_model_len={self.max_model_len} sequence needs {needed} blocks"
+            )
+        return int(num_blocks)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    # --- requests ------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_len: int,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+    ) -> Request:
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: the prompt has {len(prompt_token_ids)} tokens but "
+                f"max_model_len={self.max_model_len}"
+            )
+        if request_id in self.stats.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
+        req = Request(request_id, list(prompt_token_ids), params, arrival_time=arrival_time, priority=priority)
+        self.scheduler.add_request(req)
+        self.stats.requests[request_id] = RequestMetrics(arrival_time=arrival_time)
+        return req
+
+    # --- the loop ------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """One engine step at the current clock; returns the requests that finished."""
+        start = self.clock
+        out = self.scheduler.schedule()
+        if self.record_decisions:
+            self.decisions.append(out.decisions())
+        cost = self.cost_model.schedule_cost(out)
+        self.step_costs.append(cost)
+        now = start + cost.time
+        sampled = {s.request.request_id: self.placeholder_token for s in out.scheduled if s.sample}
+        finished = self.scheduler.update_from_output(out, sampled)
+        for s in out.scheduled:
+            req = s.request
+            m = self.stats.requests[req.request_id]
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = m.first_scheduled_time = start
+            if s.sample and req.first_token_time is None:
+                req.first_token_time = m.first_token_time = now
+        for req in finished:
+            req.finished_time = now
+            m = self.stats.requests[req.request_id]
+            m.finished_time = now
+            m.num_output_tokens = req.num_output_tokens
+            m.num_preemptions = req.num_preemptions
+        self._record_step(out, start, cost.time)
+        self.clock = now
+        return finished
+
+    def _record_step(self, out: SchedulerOutput, start: float, duration: float) -> None:
+        """Same fields, same definitions as ``LLMEngine._record_step``."""
+        live = self.scheduler.live_requests()
+        self.stats.steps.append(
+            StepStats(
+                step=self._step,
+                start_time=start,
+                duration=duration,
+                num_running=len(self.scheduler.running),
+                num_waiting=self.scheduler.num_waiting,
+                num_prefill_tokens=out.num_prefill_tokens,
+                num_decode_tokens=out.num_decode_tokens,
+                num_padding_tokens=out.num_padding_tokens,
+                kv_blocks_used=self.kv.num_used_blocks,
+                kv_blocks_total=self.kv.num_blocks,
+                tokens_stored=sum(r.num_computed_tokens for r in live),
+                slots_reserved=self.kv.num_reserved_slots,
+                num_preemptions=len(out.preempted),
+                num_batched_seqs=len(out.scheduled),
+            )
+        )
+        self._step += 1
+
+    def run(self, trace: Iterable, max_steps: int | None = None, check_invariants: bool = False) -> EngineStats:
+        """Serve every item of ``trace`` (objects with ``request_id``, ``arrival_time``,
+        ``output_len``, ``priority`` and ``prompt_token_ids(vocab_size)``, e.g.
+        :class:`minivllm.workloads.TraceItem`) to completion; return the statistics."""
+        items = sorted(trace, key=lambda it: it.arrival_time)  # stable: ties keep trace order
+        i = 0
+        steps_left = math.inf if max_steps is None else max_steps
+        sched = self.scheduler
+        while i < len(items) or sched.has_unfinished_requests():
+            if not sched.has_unfinished_requests() and items[i].arrival_time > self.clock:
+                self.clock = items[i].arrival_time  # idle GPU: jump to the next arrival
+            while i < len(items) and items[i].arrival_time <= self.clock:
+                it = items[i]
+                self.add_request(
+                    it.request_id, it.prompt_token_ids(self.model.vocab_size), it.output_len,
+                    arrival_time=it.arrival_time, priority=it.priority,
+                )
+                i += 1
+            if steps_left <= 0:
+                break
+            finished = self.step()
+            steps_left -= 1
+            last = self.stats.steps[-1]
+            if last.num_batched_seqs == 0 and last.num_preemptions == 0 and not finished:
+                raise RuntimeError(
+                    f"step {last.step}: {sched.num_waiting} waiting request(s) can never be scheduled "
+                    f"(KV pool of {self.kv.num_blocks} blocks x {self.args.block_size} tokens)"
+                )
+            if check_invariants:
+                self.kv.check_invariants(sched.live_request_ids())
+        self.stats.prefix_hit_rate = sched.prefix_hit_rate
+        return self.stats
+
+    # --- summaries -----------------------------------------------------------------------
+    def summary(self) -> dict[str, float]:
+        """``EngineStats.summary()`` plus simulator-only figures (simulated span, cost)."""
+        s = self.stats.summary()
+        steps = self.stats.steps
+        span = (steps[-1].start_time + steps[-1].duration - steps[0].start_time) if steps else 0.0
+        s["span_s"] = span
+        s["kv_blocks_total"] = self.kv.num_blocks
+        s["kv_capacity_tokens"] = self.kv.num_blocks * self.args.block_size
+        busy = s["total_time_s"]
+        s["usd"] = busy / 3600 * self.hardware.usd_per_hour
+        s["output_tokens_per_usd"] = s["output_tokens"] / s["usd"] if s["usd"] else float("nan")
+        return s
