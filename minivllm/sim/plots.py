@@ -1,0 +1,148 @@
+"""Pictures of a serving run, drawn from :class:`~minivllm.metrics.EngineStats`.
+
+Every function takes the statistics of one run, or a ``{label: stats}`` dict to overlay
+several (static vs continuous, paged vs contiguous), and returns a matplotlib ``Figure``. The
+engine and the simulator fill the same ``EngineStats``, so the same call draws a tiny-model run
+on a laptop and a simulated H100 run. Times on the x axis are relative to the run's first step
+(wall clock for the engine, simulated clock for the simulator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)  # headless by default; notebooks keep their inline backend
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from minivllm.metrics import EngineStats, StepStats  # noqa: E402
+
+
+def _runs(stats: EngineStats | Mapping[str, EngineStats]) -> dict[str, EngineStats]:
+    if isinstance(stats, EngineStats):
+        return {"run": stats}
+    return dict(stats)
+
+
+def _times(steps: Sequence[StepStats]) -> list[float]:
+    t0 = steps[0].start_time if steps else 0.0
+    return [s.start_time - t0 for s in steps]
+
+
+def useful_seqs(step: StepStats) -> int:
+    """Sequences that do useful work in a step: all batched sequences, minus static batching's
+    idle seats (in a decode-only step every padding row is one idle seat; in a prefill step the
+    padding is prompt padding inside real sequences)."""
+    if step.num_prefill_tokens == 0:
+        return step.num_batched_seqs - step.num_padding_tokens
+    return step.num_batched_seqs
+
+
+def plot_batch_occupancy(
+    stats: EngineStats | Mapping[str, EngineStats], max_num_seqs: int | None = None
+) -> Figure:
+    """Seats in the batch over time: computed seats (solid) and useful ones (dashed).
+
+    Static batching shows saw-teeth: a full batch decays as requests finish while their seats
+    stay computed until the last one ends. Continuous batching stays near the cap while there
+    is work waiting.
+    """
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for label, run in _runs(stats).items():
+        steps = run.steps
+        t = _times(steps)
+        line = ax.step(t, [s.num_batched_seqs for s in steps], where="post", label=f"{label}: seats computed")
+        ax.step(
+            t, [useful_seqs(s) for s in steps], where="post", linestyle="--",
+            color=line[0].get_color(), alpha=0.8, label=f"{label}: doing useful work",
+        )
+    if max_num_seqs:
+        ax.axhline(max_num_seqs, color="grey", linewidth=0.8, linestyle=":", label="max_num_seqs")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("sequences in the batch")
+    ax.set_title("Batch occupancy over time")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def plot_kv_memory(stats: EngineStats | Mapping[str, EngineStats]) -> Figure:
+    """KV cache over time. Left: blocks in use vs the pool size. Right: token K/V actually
+    stored vs token slots reserved for them; the gap is the memory a manager wastes
+    (a few partly filled tail blocks when paged, most of each region when contiguous)."""
+    fig, (ax_blocks, ax_tokens) = plt.subplots(1, 2, figsize=(11, 3.5))
+    for label, run in _runs(stats).items():
+        steps = run.steps
+        t = _times(steps)
+        line = ax_blocks.plot(t, [s.kv_blocks_used for s in steps], label=f"{label}: used")
+        color = line[0].get_color()
+        ax_blocks.plot(t, [s.kv_blocks_total for s in steps], color=color, linestyle=":", label=f"{label}: total")
+        ax_tokens.plot(t, [s.slots_reserved for s in steps], color=color, label=f"{label}: slots reserved")
+        ax_tokens.fill_between(t, [s.tokens_stored for s in steps], color=color, alpha=0.3, label=f"{label}: tokens stored")
+    ax_blocks.set_title("KV blocks in use")
+    ax_blocks.set_xlabel("time (s)")
+    ax_blocks.set_ylabel("blocks")
+    ax_tokens.set_title("Tokens stored vs slots reserved")
+    ax_tokens.set_xlabel("time (s)")
+    ax_tokens.set_ylabel("token slots")
+    for ax in (ax_blocks, ax_tokens):
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def decode_points(stats: EngineStats) -> tuple[list[int], list[float]]:
+    """``(batch sizes, tokens/s)`` of the decode-only steps of a run (no prefill, no padding)."""
+    sizes, rates = [], []
+    for s in stats.steps:
+        if s.num_prefill_tokens == 0 and s.num_padding_tokens == 0 and s.num_decode_tokens and s.duration > 0:
+            sizes.append(s.num_decode_tokens)
+            rates.append(s.num_decode_tokens / s.duration)
+    return sizes, rates
+
+
+def plot_throughput_roofline(
+    cost_model,
+    stats: EngineStats | Mapping[str, EngineStats] | None = None,
+    context_len: int = 1024,
+    max_batch: int = 512,
+) -> Figure:
+    """Decode tokens/s against batch size on a log-log roofline.
+
+    Curves from ``cost_model`` (a :class:`~minivllm.sim.CostModel`): the memory roof (tokens/s
+    if only bytes mattered), the compute roof, and the modelled throughput, whose knee is the
+    crossover batch. Dots: decode-only steps measured in ``stats`` (a simulator run lands on
+    the curve; a real-engine run on a CPU shows where the tiny model actually sits).
+    """
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    batches = sorted({int(round(2 ** (i / 4))) for i in range(0, int(4 * max_batch.bit_length()) + 1)})
+    batches = [b for b in batches if 1 <= b <= max_batch]
+    mem, comp, model = [], [], []
+    for b in batches:
+        c = cost_model.decode_step(b, context_len)
+        mem.append(b / c.memory_time)
+        comp.append(b / c.compute_time)
+        model.append(b / c.time)
+    name = f"{cost_model.model.name} on {cost_model.hardware.name}"
+    ax.plot(batches, mem, linestyle="--", label="memory roof (bytes / bandwidth)")
+    ax.plot(batches, comp, linestyle="--", label="compute roof (FLOPs / peak)")
+    ax.plot(batches, model, linewidth=2, label=f"model: {name}, context {context_len}")
+    knee = cost_model.crossover_batch(context_len)
+    if knee != float("inf") and knee <= max_batch:
+        ax.axvline(knee, color="grey", linestyle=":", label=f"crossover B* = {knee:.0f}")
+    if stats is not None:
+        for label, run in _runs(stats).items():
+            xs, ys = decode_points(run)
+            if xs:
+                ax.scatter(xs, ys, s=8, alpha=0.5, label=f"measured decode steps: {label}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("decode batch size (sequences)")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Decode throughput vs batch size")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
