@@ -67,9 +67,10 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         params = self.sampling_params
         self.max_tokens = params.max_tokens if params.max_tokens is not None else 1 << 62
-        self._stop_ids = set(params.stop_token_ids)
+        # token ids that end the request (stop_token_ids, plus EOS unless ignore_eos)
+        self.stop_token_set = set(params.stop_token_ids)
         if not params.ignore_eos:
-            self._stop_ids.update(self.eos_token_ids)
+            self.stop_token_set.update(self.eos_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -87,15 +88,22 @@ class Request:
     def is_finished(self) -> bool:
         return self.status >= RequestStatus.FINISHED_STOPPED
 
-    def append_token(self, token_id: int) -> RequestStatus | None:
+    def append_token(self, token_id: int, max_model_len: int | None = None) -> RequestStatus | None:
         """Add a sampled token; return the finished status if it ends the request."""
         self.all_token_ids.append(token_id)
+        return self.check_stop(token_id, max_model_len)
+
+    def check_stop(self, last_token: int, max_model_len: int | None = None) -> RequestStatus | None:
+        """Stop rules, checked after ``last_token`` was appended: a stop token (once
+        ``min_tokens`` exist), ``max_tokens``, or the model's length limit."""
         n_out = len(self.all_token_ids) - self.num_prompt_tokens
-        if token_id in self._stop_ids and n_out >= self.sampling_params.min_tokens:
+        if last_token in self.stop_token_set and n_out >= self.sampling_params.min_tokens:
             # vLLM reports the token for a stop_token_ids hit and None for plain EOS
-            is_stop_id = token_id in self.sampling_params.stop_token_ids
-            self.stop_reason = token_id if is_stop_id else None
+            is_stop_id = last_token in self.sampling_params.stop_token_ids
+            self.stop_reason = last_token if is_stop_id else None
             return RequestStatus.FINISHED_STOPPED
         if n_out >= self.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if max_model_len is not None and len(self.all_token_ids) >= max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None

@@ -109,16 +109,20 @@ class KVCacheManager:
         them, in which case *nothing* changed: no block taken, no reference count touched.
         """
         rid = request.request_id
+        bs = self.block_size
+        computed = request.num_computed_tokens
+        ids = self.req_to_block_ids.get(rid)
+        if ids is not None and not new_computed_blocks:
+            # fast path (most decode steps): the new tokens fit in the blocks already held
+            total = computed + num_new_tokens + num_lookahead_tokens
+            if total <= len(ids) * bs:
+                if self.enable_caching and (computed + num_new_tokens) // bs != computed // bs:
+                    self._cache_full_blocks(request, self.req_to_blocks[rid], computed + num_new_tokens)
+                return []
         blocks = self.req_to_blocks.get(rid)
         num_have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_needed = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // self.block_size)
-        num_new_blocks = num_needed - num_have
-        if num_new_blocks <= 0 and not new_computed_blocks:
-            # fast path (a decode step inside the current block): nothing to allocate
-            if self.enable_caching:
-                self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
-            return []
+        num_computed = computed + len(new_computed_blocks) * bs
+        num_new_blocks = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs) - num_have
         pool = self.block_pool
         # Hits sitting in the free queue stop being available once we take them.
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

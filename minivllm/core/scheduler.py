@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minivllm.request import Request, RequestStatus
 
@@ -54,7 +54,7 @@ class ScheduledRequest:
     """One request's share of a step: compute tokens ``[num_computed, num_computed + num_new)``.
 
     ``num_padding`` extra tokens after them are computed and thrown away (static batching's
-    pads and idle slots). ``sample`` says whether a token is sampled from the last real token.
+    pads and idle seats). ``sample`` says whether a token is sampled from the last real token.
     """
 
     __slots__ = ("request", "num_computed", "num_new", "num_padding", "sample")
@@ -73,13 +73,48 @@ class ScheduledRequest:
         )
 
 
-@dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    num_prefill_tokens: int = 0  # tokens of requests that are not yet sampling-ready decodes
-    num_decode_tokens: int = 0
-    num_padding_tokens: int = 0
+    """What one step computes: ``requests[i]`` gets ``num_new[i]`` new tokens.
+
+    Stored as two parallel lists because the scheduler fills it for every running request at
+    every step and must stay cheap. ``scheduled`` gives the readable per-request view
+    (:class:`ScheduledRequest`); read it before ``update_from_output`` appends the sampled
+    tokens (it is cached on first access).
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.num_new: list[int] = []
+        self.num_padding: dict[str, int] = {}  # static batching only
+        self.preempted: list[Request] = []
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        self.num_padding_tokens = 0
+        self._scheduled: list[ScheduledRequest] | None = None
+
+    def add(self, request: Request, num_new: int, num_padding: int = 0) -> None:
+        self.requests.append(request)
+        self.num_new.append(num_new)
+        if num_padding:
+            self.num_padding[request.request_id] = num_padding
+
+    def remove(self, request: Request) -> int:
+        """Take a request back out of the batch (it was preempted); returns its token count."""
+        for i, r in enumerate(self.requests):
+            if r is request:
+                del self.requests[i]
+                return self.num_new.pop(i)
+        return 0
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        if self._scheduled is None:
+            pad = self.num_padding
+            self._scheduled = [
+                ScheduledRequest(r, r.num_computed_tokens - n, n, pad.get(r.request_id, 0) if pad else 0)
+                for r, n in zip(self.requests, self.num_new, strict=True)
+            ]
+        return self._scheduled
 
     @property
     def total_tokens(self) -> int:
@@ -87,11 +122,11 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.requests
 
     def decisions(self) -> list[tuple[str, int]]:
         """``(request_id, num_new_tokens)`` in batch order: what two schedulers must agree on."""
-        return [(s.request.request_id, s.num_new) for s in self.scheduled]
+        return [(r.request_id, n) for r, n in zip(self.requests, self.num_new, strict=True)]
 
 
 class Scheduler:
@@ -154,10 +189,10 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _preempt(self, victim: Request, out: SchedulerOutput, scheduled: dict) -> int:
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
         """Free the victim's blocks and requeue it for recomputation. If it was already part
         of this step's batch, take it out again; returns the budget tokens that frees."""
-        undone = scheduled.pop(victim.request_id, None)
+        undone = out.remove(victim)
         self.running.remove(victim)
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
@@ -166,61 +201,65 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(victim)
         self._push_waiting(victim, front=True)
-        return undone.num_new if undone is not None else 0
+        return undone
 
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         out = SchedulerOutput()
         budget = cfg.max_num_batched_tokens
         chunked = cfg.enable_chunked_prefill
-        scheduled: dict[str, ScheduledRequest] = {}
-        kv = self.kv
+        allocate = self.kv.allocate_slots
+        out_reqs, out_new = out.requests, out.num_new
+        running = self.running
+        prefill = decode = 0
 
-        # 1. running requests, oldest first
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = req.num_tokens - req.num_computed_tokens
+        # 1. running requests, oldest first (iterate a snapshot: preemption edits the list)
+        for req in tuple(running):
+            if budget <= 0:
+                break
+            if out.preempted and req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step to make room
+            computed = req.num_computed_tokens
+            num_new = len(req.all_token_ids) - computed
             if num_new <= 0:  # nothing to compute until its next token is sampled
-                i += 1
                 continue
             if num_new > budget:
                 if not chunked:
-                    i += 1
                     continue
                 num_new = budget
-            preempted_any = False
-            while True:
-                if kv.allocate_slots(req, num_new) is not None:
-                    break
-                preempted_any = True
-                victim = self._pick_victim()
-                budget += self._preempt(victim, out, scheduled)
+            if allocate(req, num_new) is None:
+                # Out of blocks: preempt (newest first under FCFS) until req fits or is itself
+                # the victim. A victim already in this step's batch gives its budget back.
+                while True:
+                    victim = self._pick_victim()
+                    budget += self._preempt(victim, out)
+                    if victim is req or allocate(req, num_new) is not None:
+                        break
                 if victim is req:
-                    num_new = 0
-                    break
-            if num_new == 0:
-                continue  # req itself was preempted; running[i] is now the next request
-            scheduled[req.request_id] = ScheduledRequest(req, req.num_computed_tokens, num_new)
-            req.num_computed_tokens += num_new
+                    continue
+            out_reqs.append(req)
+            out_new.append(num_new)
+            req.num_computed_tokens = computed + num_new
             budget -= num_new
-            # a victim ahead of req in the list shifts it left
-            i = self.running.index(req) + 1 if preempted_any else i + 1
+            if num_new == 1 and computed >= req.num_prompt_tokens:
+                decode += 1
+            else:
+                prefill += num_new
 
         # 2. admissions (none after a preemption this step: memory is tight)
         if not out.preempted:
-            while self.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            while self.num_waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 req = self._peek_waiting()
                 hit_blocks, num_hit = (
-                    kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
+                    self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
                 )
                 num_new = req.num_tokens - num_hit
                 if num_new > budget:
                     if not chunked:
                         break
                     num_new = budget
-                if kv.allocate_slots(req, num_new, hit_blocks) is None:
-                    freed = self._preempt_for(req, out, scheduled)
+                if allocate(req, num_new, hit_blocks) is None:
+                    freed = self._preempt_for(req, out)
                     if freed is None:
                         break
                     budget += freed
@@ -231,20 +270,16 @@ class Scheduler:
                     self.prefix_query_tokens += req.num_tokens
                     self.prefix_hit_tokens += num_hit
                 req.status = RequestStatus.RUNNING
-                self.running.append(req)
-                scheduled[req.request_id] = ScheduledRequest(req, num_hit, num_new)
+                running.append(req)
+                out.add(req, num_new)
                 req.num_computed_tokens = num_hit + num_new
                 budget -= num_new
+                prefill += num_new
 
-        for s in scheduled.values():
-            if s.sample and s.num_new == 1:
-                out.num_decode_tokens += 1
-            else:
-                out.num_prefill_tokens += s.num_new
-        out.scheduled = list(scheduled.values())
+        out.num_prefill_tokens, out.num_decode_tokens = prefill, decode
         return out
 
-    def _preempt_for(self, req: Request, out: SchedulerOutput, scheduled: dict) -> int | None:
+    def _preempt_for(self, req: Request, out: SchedulerOutput) -> int | None:
         """Priority policy only: make room for a more important waiting request by preempting
         the least important running one. Returns the budget tokens freed, or None if no running
         request ranks below ``req``."""
@@ -253,28 +288,33 @@ class Scheduler:
         victim = self._pick_victim()
         if (victim.priority, victim.arrival_time) <= (req.priority, req.arrival_time):
             return None
-        return self._preempt(victim, out, scheduled)
+        return self._preempt(victim, out)
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: dict[str, int], max_model_len: int | None = None
     ) -> list[Request]:
         """Append each sampled token, apply stop rules, free finished requests.
 
-        Returns the requests that finished this step.
+        ``sampled`` maps request id -> token for the requests that sampled this step. Returns
+        the requests that finished.
         """
         max_len = max_model_len or self.config.max_model_len
+        requests = self.requests
         finished: list[Request] = []
-        for s in out.scheduled:
-            req = s.request
-            token = sampled.get(req.request_id) if s.sample else None
-            if token is None:
-                continue
-            status = req.append_token(token)
-            if status is None and req.num_tokens >= max_len:
-                status = RequestStatus.FINISHED_LENGTH_CAPPED
-            if status is not None:
-                req.status = status
-                finished.append(req)
+        for rid, token in sampled.items():
+            req = requests[rid]
+            tokens = req.all_token_ids
+            tokens.append(token)
+            # cheap test first; Request.check_stop has the details
+            if (
+                token in req.stop_token_set
+                or len(tokens) - req.num_prompt_tokens >= req.max_tokens
+                or len(tokens) >= max_len
+            ):
+                status = req.check_stop(token, max_len)
+                if status is not None:
+                    req.status = status
+                    finished.append(req)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]

@@ -13,7 +13,7 @@ Each admitted request reserves KV room for its worst case (prompt + ``max_tokens
 
 from __future__ import annotations
 
-from minivllm.core.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
 
@@ -62,19 +62,19 @@ class StaticBatchScheduler(Scheduler):
             longest = max(r.num_tokens for r in batch)
             for r in batch:
                 pad = longest - r.num_tokens
-                out.scheduled.append(ScheduledRequest(r, 0, r.num_tokens, pad))
                 r.num_computed_tokens = r.num_tokens
+                out.add(r, r.num_tokens, pad)
                 out.num_prefill_tokens += r.num_tokens
                 out.num_padding_tokens += pad
             self.running = list(batch)
             return out
         for r in self.batch:
             if r.is_finished:  # idle seat: one thrown-away token at the request's last position
-                out.scheduled.append(ScheduledRequest(r, r.num_computed_tokens, 0, 1))
+                out.add(r, 0, 1)
                 out.num_padding_tokens += 1
             else:
-                out.scheduled.append(ScheduledRequest(r, r.num_computed_tokens, 1))
                 r.num_computed_tokens += 1
+                out.add(r, 1)
                 out.num_decode_tokens += 1
         return out
 

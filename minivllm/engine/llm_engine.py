@@ -217,8 +217,7 @@ class LLMEngine:
         now = time.perf_counter()
         finished = self.scheduler.update_from_output(sched_out, sampled)
         touched: list[Request] = []
-        for s in sched_out.scheduled:
-            req = s.request
+        for req in sched_out.requests:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
                 self.stats.requests[req.request_id].first_scheduled_time = start
@@ -266,7 +265,7 @@ class LLMEngine:
                 tokens_stored=sum(r.num_computed_tokens for r in live),
                 slots_reserved=self.kv.num_reserved_slots,
                 num_preemptions=len(out.preempted),
-                num_batched_seqs=len(out.scheduled),
+                num_batched_seqs=len(out.requests),
             )
         )
         self._step += 1

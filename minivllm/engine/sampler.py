@@ -84,6 +84,6 @@ class Sampler:
         """``min_tokens``: stop tokens (EOS, stop_token_ids) are impossible until then."""
         for i, r in enumerate(requests):
             if r.sampling_params.min_tokens and r.num_output_tokens < r.sampling_params.min_tokens:
-                stop_ids = list(r._stop_ids)
+                stop_ids = list(r.stop_token_set)
                 if stop_ids:
                     logits[i, stop_ids] = float("-inf")
