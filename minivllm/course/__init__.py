@@ -1,0 +1,76 @@
+"""Course tools: load an exercise, grade it, regenerate the exercise files.
+
+In a notebook::
+
+    from minivllm import course
+    ex = course.load("ex02_continuous")   # your exercises/ex02_continuous.py
+    course.check(ex)                      # scoreboard; raises if a case fails
+
+``course.load`` reads ``exercises/`` (your work) unless ``MINIVLLM_SOLUTIONS=1`` is set, then
+``solutions/`` (the reference). The same cases run under ``pytest -m ex02`` and ``minivllm grade``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from minivllm.course.checks import cases_for
+from minivllm.course.grading import (
+    Case,
+    CaseResult,
+    CheckFailed,
+    Mismatch,
+    Report,
+    require,
+    run_cases,
+)
+from minivllm.course.loader import course_root, exercise_names, load, resolve_name, use_solutions
+
+__all__ = [
+    "load",
+    "check",
+    "grade",
+    "cases_for",
+    "exercise_names",
+    "course_root",
+    "use_solutions",
+    "Case",
+    "CaseResult",
+    "CheckFailed",
+    "Mismatch",
+    "Report",
+    "require",
+]
+
+
+def check(exercise: ModuleType | str, verbose: bool = True, raise_on_failure: bool = True) -> Report:
+    """Run every case of an exercise on a loaded module (or on ``load(name)``), print the
+    scoreboard, and raise :class:`CheckFailed` if any case did not pass."""
+    module = load(exercise) if isinstance(exercise, str) else exercise
+    name = getattr(module, "__exercise__", None)
+    if name is None:
+        raise TypeError("check() needs a module from course.load(...) or an exercise name")
+    report = run_cases(name, module, cases_for(name), getattr(module, "__course_source__", "?"))
+    print(report.render(verbose=verbose))
+    if raise_on_failure and not report.passed:
+        raise CheckFailed(f"{name}: {report.summary_line().strip()} (details above)")
+    return report
+
+
+def grade(names: list[str] | None = None, solutions: bool | None = None) -> list[Report]:
+    """Grade several exercises (default: all) without raising; one :class:`Report` each.
+    An exercise file that does not even import is reported as one failing case."""
+    reports = []
+    for name in [resolve_name(n) for n in names] if names else exercise_names():
+        try:
+            module = load(name, solutions=solutions)
+        except Exception as err:  # noqa: BLE001 - a syntax error in the student's file, say
+            def broken(_module, err=err):
+                raise AssertionError(f"the file does not import: {type(err).__name__}: {err}")
+
+            case = Case("import", "<module>", broken, "fix the error, then grade again")
+            source = "solutions" if (use_solutions() if solutions is None else solutions) else "exercises"
+            reports.append(run_cases(name, None, [case], source))
+            continue
+        reports.append(run_cases(name, module, cases_for(name), module.__course_source__))
+    return reports

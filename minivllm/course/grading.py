@@ -1,0 +1,213 @@
+"""The grading core: named cases, one scoreboard format, used by notebooks, pytest and the CLI.
+
+A *case* is a small function that takes the student's exercise module, calls one of its
+functions on a chosen input, and compares the answer with an expected value computed
+independently of the reference solution. Each exercise has a list of cases in
+``minivllm.course.checks.<exercise>``. Whoever runs them (``course.check`` in a notebook,
+``tests/exercises`` under pytest, ``minivllm grade`` in a terminal) gets the same verdicts:
+
+- ``pass``: the answer matched;
+- ``fail``: it did not; the scoreboard shows expected vs got and a hint;
+- ``todo``: the function still raises ``NotImplementedError`` (the untouched stub);
+- ``error``: it raised something else; the scoreboard shows the exception.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+PASS, FAIL, TODO, ERROR = "pass", "fail", "todo", "error"
+_MARK = {PASS: "✓", FAIL: "✗", TODO: "·", ERROR: "!"}
+
+
+class Mismatch(AssertionError):
+    """Raised by a case when the student's answer differs from the expected one."""
+
+    def __init__(self, expected: Any, got: Any, note: str = ""):
+        self.expected, self.got, self.note = expected, got, note
+        text = f"expected {_short(expected)}, got {_short(got)}"
+        super().__init__(f"{note}: {text}" if note else text)
+
+
+class CheckFailed(AssertionError):
+    """Raised by :func:`minivllm.course.check` when any case did not pass."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One graded check. ``run(module)`` raises :class:`Mismatch` when the answer is wrong."""
+
+    name: str  # what input this is, e.g. "chapter batch" or "empty trace"
+    func: str  # the student's function (or class) it exercises
+    run: Callable[[ModuleType], None]
+    hint: str = ""
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    status: str
+    message: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASS
+
+
+@dataclass
+class Report:
+    exercise: str
+    source: str  # "exercises" or "solutions" (or a path)
+    results: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def num_passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and self.num_passed == len(self.results)
+
+    def counts(self) -> dict[str, int]:
+        out = {PASS: 0, FAIL: 0, TODO: 0, ERROR: 0}
+        for r in self.results:
+            out[r.status] += 1
+        return out
+
+    def render(self, verbose: bool = True) -> str:
+        """The scoreboard as text: one line per case, details under the ones that failed."""
+        lines = [f"{self.exercise}  ({self.source})"]
+        todo_shown: set[str] = set()
+        for r in self.results:
+            lines.append(f"  {_MARK[r.status]} {r.status:<5} {r.case.func} · {r.case.name}")
+            if r.passed or not verbose:
+                continue
+            if r.status == TODO:  # the stub's message once per function is enough
+                if r.case.func in todo_shown:
+                    continue
+                todo_shown.add(r.case.func)
+            for piece in r.message.splitlines():
+                lines.append(f"          {piece}")
+            if r.status in (FAIL, ERROR) and r.case.hint:
+                lines.append(f"          hint: {r.case.hint}")
+        lines.append(self.summary_line())
+        return "\n".join(lines)
+
+    def summary_line(self) -> str:
+        c = self.counts()
+        n = len(self.results)
+        if self.passed:
+            return f"  all {n} checks of {self.exercise} passed"
+        parts = [f"{c[PASS]}/{n} passed"]
+        parts += [f"{c[k]} {k}" for k in (FAIL, ERROR, TODO) if c[k]]
+        return "  " + ", ".join(parts)
+
+
+# --- writing cases -------------------------------------------------------------------------
+def case(cases: list[Case], name: str, func: str, hint: str = "") -> Callable:
+    """Decorator that appends the decorated function to ``cases`` as a :class:`Case`."""
+
+    def register(fn: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+        cases.append(Case(name=name, func=func, run=fn, hint=hint))
+        return fn
+
+    return register
+
+
+def expect(got: Any, expected: Any, note: str = "", rel: float = 1e-9, abs_tol: float = 1e-12) -> None:
+    """Raise :class:`Mismatch` unless ``got`` equals ``expected`` (floats within tolerance)."""
+    if not _same(got, expected, rel, abs_tol):
+        raise Mismatch(expected, got, note)
+
+
+def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], note: str = "") -> None:
+    """The call must raise ``exc_type`` (a stub's ``NotImplementedError`` passes through)."""
+    try:
+        value = fn()
+    except NotImplementedError:
+        raise
+    except exc_type:
+        return
+    except Exception as err:  # noqa: BLE001 - report what was raised instead
+        raise Mismatch(f"{exc_type.__name__} raised", f"{type(err).__name__}: {err}", note) from None
+    raise Mismatch(f"{exc_type.__name__} raised", f"returned {_short(value)}", note)
+
+
+def _same(a: Any, b: Any, rel: float, abs_tol: float) -> bool:
+    if isinstance(b, bool) or b is None:
+        return a is b or a == b and type(a) is type(b)
+    if isinstance(b, float) or (isinstance(b, int) and isinstance(a, float)):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_tol) or (
+                math.isinf(float(b)) and float(a) == float(b)
+            )
+        except (TypeError, ValueError):
+            return False
+    if isinstance(b, int):
+        return isinstance(a, int) and not isinstance(a, bool) and a == b
+    if isinstance(b, (list, tuple)):
+        if not isinstance(a, (list, tuple)) or len(a) != len(b):
+            return False
+        return all(_same(x, y, rel, abs_tol) for x, y in zip(a, b, strict=True))
+    if isinstance(b, dict):
+        if not isinstance(a, dict) or a.keys() != b.keys():
+            return False
+        return all(_same(a[k], b[k], rel, abs_tol) for k in b)
+    return a == b
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- running cases -------------------------------------------------------------------------
+def run_case(case_: Case, module: ModuleType) -> CaseResult:
+    """Run one case and classify what happened. Never raises (except KeyboardInterrupt)."""
+    try:
+        case_.run(module)
+    except NotImplementedError as err:
+        return CaseResult(case_, TODO, f"not implemented yet: {err}" if str(err) else "not implemented yet")
+    except Mismatch as err:
+        return CaseResult(case_, FAIL, str(err))
+    except AssertionError as err:
+        return CaseResult(case_, FAIL, str(err) or "assertion failed")
+    except Exception as err:  # noqa: BLE001 - the student's code may raise anything
+        where = _student_frame(err)
+        return CaseResult(case_, ERROR, f"{type(err).__name__}: {err}{where}")
+    return CaseResult(case_, PASS)
+
+
+def _student_frame(err: BaseException) -> str:
+    """' (at exercises/ex02.py:57)': the innermost frame in an exercise or solution file."""
+    frames = traceback.extract_tb(err.__traceback__)
+    for fr in reversed(frames):
+        path = fr.filename.replace("\\", "/")
+        if "/exercises/" in path or "/solutions/" in path:
+            tail = "/".join(path.split("/")[-2:])
+            return f" (at {tail}:{fr.lineno})"
+    return ""
+
+
+def run_cases(exercise: str, module: ModuleType, cases: Iterable[Case], source: str) -> Report:
+    report = Report(exercise, source)
+    for c in cases:
+        report.results.append(run_case(c, module))
+    return report
+
+
+def require(case_: Case, module: ModuleType) -> None:
+    """Run one case and raise ``AssertionError`` with the scoreboard details unless it passes
+    (for pytest: a stub's ``NotImplementedError`` counts as a failure too)."""
+    result = run_case(case_, module)
+    if result.passed:
+        return
+    text = f"[{result.status}] {case_.func} · {case_.name}: {result.message}"
+    if case_.hint and result.status != TODO:
+        text += f"\nhint: {case_.hint}"
+    raise AssertionError(text)

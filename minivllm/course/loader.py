@@ -1,0 +1,96 @@
+"""Find the course folders and import a student's (or the reference) exercise module.
+
+Exercise files are imported from their path, not as a package, and afresh on every call, so
+that a student who edits ``exercises/ex02_continuous.py`` and re-runs the notebook's check cell
+sees the new code without restarting the kernel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SOLUTIONS_ENV = "MINIVLLM_SOLUTIONS"
+ROOT_ENV = "MINIVLLM_COURSE_ROOT"
+
+
+def use_solutions() -> bool:
+    """True when ``MINIVLLM_SOLUTIONS`` is set to something other than ''/0/false/no."""
+    return os.environ.get(SOLUTIONS_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def course_root() -> Path:
+    """The repository root: ``$MINIVLLM_COURSE_ROOT``, else the folder above the package
+    (an editable install or a clone), else the nearest parent of the working directory that
+    holds ``solutions/``."""
+    env = os.environ.get(ROOT_ENV)
+    if env:
+        return Path(env).resolve()
+    here = Path(__file__).resolve().parents[2]
+    if (here / "solutions").is_dir():
+        return here
+    cwd = Path.cwd().resolve()
+    for folder in (cwd, *cwd.parents):
+        if (folder / "solutions").is_dir() and (folder / "exercises").is_dir():
+            return folder
+    raise FileNotFoundError(
+        "cannot find the course folders (solutions/ and exercises/); run from the repository "
+        f"or set {ROOT_ENV} to its path"
+    )
+
+
+def exercise_names(root: Path | None = None) -> list[str]:
+    """Every exercise, from the reference files ``solutions/exNN_*.py``, in order."""
+    folder = (root or course_root()) / "solutions"
+    return sorted(p.stem for p in folder.glob("ex[0-9][0-9]_*.py"))
+
+
+def resolve_name(name: str, root: Path | None = None) -> str:
+    """Accept ``ex02_continuous``, ``ex02`` or ``2``; return the full exercise name."""
+    names = exercise_names(root)
+    if name in names:
+        return name
+    key = name.strip()
+    if key.isdigit():
+        key = f"ex{int(key):02d}"
+    matches = [n for n in names if n.split("_")[0] == key]
+    if len(matches) == 1:
+        return matches[0]
+    raise KeyError(f"no exercise called {name!r}; exercises: {', '.join(names)}")
+
+
+def load(name: str, solutions: bool | None = None, root: Path | None = None) -> ModuleType:
+    """Import exercise ``name`` from ``exercises/`` (the student's work) or ``solutions/``.
+
+    ``solutions=None`` follows ``$MINIVLLM_SOLUTIONS``. The module gets ``__exercise__`` (its
+    name) and ``__course_source__`` ("exercises" or "solutions") so a check can report which
+    file it graded.
+    """
+    root = root or course_root()
+    name = resolve_name(name, root)
+    folder = "solutions" if (use_solutions() if solutions is None else solutions) else "exercises"
+    path = root / folder / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; run `minivllm course make-exercises`")
+    return load_path(path, name, folder)
+
+
+def load_path(path: Path, name: str, source: str) -> ModuleType:
+    """Execute the file at ``path`` as a fresh module (registered in ``sys.modules`` while it
+    runs, so dataclasses and pickling work)."""
+    mod_name = f"_minivllm_course_{source}_{name}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    module.__exercise__ = name
+    module.__course_source__ = source
+    return module

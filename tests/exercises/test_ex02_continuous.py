@@ -1,0 +1,51 @@
+"""Grade exercise 02 (`pytest -m ex02`): the same cases as `course.check` in the notebook.
+
+Imports `exercises/ex02_continuous.py` (your work) by default, `solutions/` with
+`MINIVLLM_SOLUTIONS=1` or `--solutions`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm import course
+
+NAME = "ex02_continuous"
+pytestmark = pytest.mark.ex02
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return course.load(NAME)
+
+
+@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
+def test_case(ex, case):
+    course.require(case, ex)
+
+
+# --- properties: any trace, same decisions as the reference scheduler ------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from minivllm.course.checks.ex02_continuous import compare_with_reference  # noqa: E402
+from minivllm.course.reference import TraceRequest  # noqa: E402
+
+
+@st.composite
+def traces(draw):
+    budget = draw(st.integers(1, 96))
+    seqs = draw(st.integers(1, 8))
+    n = draw(st.integers(0, 14))
+    trace, t = [], 0
+    for i in range(n):
+        t += draw(st.integers(0, 4))
+        trace.append(TraceRequest(f"q{i}", draw(st.integers(1, budget)), draw(st.integers(1, 12)), t))
+    return trace, seqs, budget
+
+
+@settings(max_examples=60, deadline=None)
+@given(traces())
+def test_matches_reference_on_any_trace(ex, case_input):
+    trace, seqs, budget = case_input
+    compare_with_reference(ex, trace, seqs, budget)

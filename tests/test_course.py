@@ -1,0 +1,236 @@
+"""The course machinery: exercise generation, loading, grading, the CLI, and the checks
+themselves (every stub must fail them, plausible wrong answers must fail them)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from minivllm import course
+from minivllm.cli import main as cli_main
+from minivllm.course import exgen
+from minivllm.course.grading import TODO, run_cases
+from minivllm.course.loader import load_path
+
+ROOT = course.course_root()
+NAMES = course.exercise_names()
+
+
+def test_there_are_exercises():
+    assert {"ex00_kv_memory", "ex01_static_waste", "ex02_continuous", "ex03_chunked_prefill"} <= set(NAMES)
+
+
+# --- exercises/ is generated from solutions/ -----------------------------------------------------
+@pytest.mark.skipif(not course.use_solutions(), reason="students edit exercises/; maintainers run with MINIVLLM_SOLUTIONS=1")
+def test_committed_exercises_are_up_to_date():
+    stale = exgen.stale_exercises(ROOT)
+    assert not stale, f"out of date: {stale}; run `minivllm course make-exercises`"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_generated_stub_raises(name, tmp_path):
+    """Fresh stubs (generated now, not the committed ones a student may have edited) must fail
+    every case with NotImplementedError: a stub that passes a case still holds an answer."""
+    text = exgen.make_exercise((ROOT / "solutions" / f"{name}.py").read_text(), name)
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    report = run_cases(name, load_path(path, name, "stub"), course.cases_for(name), "stub")
+    not_todo = [(r.case.func, r.case.name, r.status) for r in report.results if r.status != TODO]
+    assert not not_todo, f"cases a stub does not fail with NotImplementedError: {not_todo}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_keeps_no_solution_line(name):
+    solution = (ROOT / "solutions" / f"{name}.py").read_text()
+    stub = exgen.make_exercise(solution, name)
+    for region in exgen.find_regions(solution):
+        body = solution.splitlines()[region.begin + 1 : region.end]
+        for line in body:
+            code = line.strip()
+            if len(code) > 25 and not code.startswith("#"):  # short lines (return x) may recur
+                assert code not in stub, f"{name}: solution line leaked into the stub: {code!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_declares_its_notebook_and_has_a_test_module(name):
+    text = (ROOT / "solutions" / f"{name}.py").read_text()
+    m = re.search(r'^NOTEBOOK = "(notebooks/\d\d_\w+\.ipynb)"', text, re.M)
+    assert m, f"solutions/{name}.py needs NOTEBOOK = \"notebooks/NN_name.ipynb\""
+    assert name.split("_")[0] == "ex" + Path(m.group(1)).name[:2], "exercise and notebook numbers differ"
+    assert (ROOT / "tests" / "exercises" / f"test_{name}.py").is_file()
+    assert course.cases_for(name), f"no cases in minivllm/course/checks/{name}.py"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_solutions_pass_every_case(name):
+    report = course.grade([name], solutions=True)[0]
+    assert report.passed, report.render()
+
+
+# --- the generator ----------------------------------------------------------------------------------
+SAMPLE = textwrap.dedent(
+    '''\
+    NOTEBOOK = "notebooks/99_demo.ipynb"
+
+    def area(w, h):
+        """Rectangle area."""
+        # HINT: width times height;
+        #   nothing more.
+        # BEGIN SOLUTION
+        return w * h
+        # END SOLUTION
+
+    class Box:
+        def volume(self):
+            base = 2
+            # BEGIN SOLUTION
+            return base * 3
+            # END SOLUTION
+    '''
+)
+
+
+def test_generator_replaces_regions_with_hinted_stubs():
+    out = exgen.make_exercise(SAMPLE, "ex99_demo")
+    assert "return w * h" not in out and "return base * 3" not in out
+    assert "# HINT: width times height;" in out  # the hint comment stays for the student
+    assert "raise NotImplementedError('ex99 area: width times height; nothing more. (see notebooks/99_demo.ipynb)')" in out
+    assert "        raise NotImplementedError('ex99 Box.volume: write this part" in out
+    assert "base = 2" in out  # code outside the region is kept
+    assert out.startswith("# This file is generated from solutions/ex99_demo.py")
+    ns: dict = {}
+    exec(compile(out, "ex99", "exec"), ns)
+    with pytest.raises(NotImplementedError, match="area"):
+        ns["area"](2, 3)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("def f():\n    # BEGIN SOLUTION\n    return 1\n", "never closed"),
+        ("def f():\n    return 1\n    # END SOLUTION\n", "without BEGIN"),
+        ("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n", "inside a function"),
+        ("def f():\n    # BEGIN SOLUTION\n    return 1\n  # END SOLUTION\n", "indented"),
+        ("def f():\n    # BEGIN SOLUTION\n    # BEGIN SOLUTION\n", "inside another"),
+        ("def f():\n    # BEGIN SOLUTIONS\n    return 1\n", "malformed"),
+        ("def f():\n    return 1\n", "no # BEGIN SOLUTION"),
+    ],
+)
+def test_generator_rejects_malformed_markers(bad, message):
+    with pytest.raises(exgen.SolutionFormatError, match=message):
+        exgen.make_exercise(bad, "ex99_bad")
+
+
+def test_write_exercises_into_a_copy(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "ex99_demo.py").write_text(SAMPLE)
+    assert exgen.stale_exercises(tmp_path) == ["exercises/ex99_demo.py"]
+    assert exgen.write_exercises(tmp_path) == ["exercises/ex99_demo.py"]
+    assert exgen.stale_exercises(tmp_path) == []
+    assert exgen.write_exercises(tmp_path) == []  # nothing changed, nothing written
+
+
+# --- loading ---------------------------------------------------------------------------------------
+def test_load_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_SOLUTIONS", "1")
+    assert course.load("ex01").__course_source__ == "solutions"
+    monkeypatch.setenv("MINIVLLM_SOLUTIONS", "0")
+    assert course.load("ex01").__course_source__ == "exercises"
+    assert course.load("1", solutions=True).__course_source__ == "solutions"
+
+
+def test_names_resolve_and_unknown_names_fail():
+    assert course.loader.resolve_name("2") == "ex02_continuous"
+    assert course.loader.resolve_name("ex03") == "ex03_chunked_prefill"
+    with pytest.raises(KeyError, match="no exercise"):
+        course.loader.resolve_name("ex77")
+
+
+def test_load_gives_a_fresh_module_each_time():
+    a, b = course.load("ex00", solutions=True), course.load("ex00", solutions=True)
+    assert a is not b and a.kv_bytes_per_token is not b.kv_bytes_per_token
+
+
+# --- checks catch plausible wrong answers ------------------------------------------------------------
+MUTANTS = [
+    ("ex00_kv_memory", 'config.get("head_dim") or config["hidden_size"] // heads', 'config["hidden_size"] // heads'),
+    ("ex00_kv_memory", "return 2 * layers * kv_heads", "return layers * kv_heads"),
+    ("ex00_kv_memory", "if slope <= 0:", "if slope < 0:"),
+    ("ex00_kv_memory", "-(-num_tokens // block_size) * block_size", "num_tokens // block_size * block_size"),
+    ("ex01_static_waste", "max(output_lens, default=0)", "max(output_lens)"),
+    ("ex01_static_waste", "(batch_size * steps)", "(min(batch_size, len(output_lens)) * steps)"),
+    ("ex01_static_waste", "if min(prompt_lens) < 1:", "if min(prompt_lens) < 0:"),
+    ("ex02_continuous", "if seq.prompt_len > budget:", "if seq.prompt_len >= budget:"),
+    ("ex02_continuous", "for seq in self.running:\n            if budget == 0:", "for seq in reversed(self.running):\n            if budget == 0:"),
+    ("ex02_continuous", "if seq.prompt_len > budget:\n                break", "if seq.prompt_len > budget:\n                self.waiting.rotate(-1)\n                break"),
+    ("ex02_continuous", "s.num_output >= s.max_tokens]", "s.num_output > s.max_tokens]"),
+    ("ex03_chunked_prefill", "seats = len(running)", "seats = 0"),
+    ("ex03_chunked_prefill", "cap = chunk_size if chunk_size is not None else token_budget", "cap = token_budget"),
+    ("ex03_chunked_prefill", "return [chunk_size] * full + ([rest] if rest else [])", "return [chunk_size] * full + [rest]"),
+    ("ex03_chunked_prefill", "if per_step <= 0:", "if per_step < 0:"),
+]
+
+
+@pytest.mark.parametrize("name, old, new", MUTANTS, ids=[f"{m[0]}:{m[2][:30]}" for m in MUTANTS])
+def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
+    text = (ROOT / "solutions" / f"{name}.py").read_text()
+    assert old in text, "the solution changed: update this mutant"
+    path = tmp_path / f"{name}.py"
+    path.write_text(text.replace(old, new, 1))
+    report = run_cases(name, load_path(path, name, "mutant"), course.cases_for(name), "mutant")
+    assert not report.passed, f"no case notices {old!r} -> {new!r}"
+
+
+# --- scoreboard and command line ---------------------------------------------------------------------
+def test_check_prints_a_scoreboard_and_raises(tmp_path, capsys):
+    text = (ROOT / "solutions" / "ex01_static_waste.py").read_text()
+    path = tmp_path / "ex01_static_waste.py"
+    path.write_text(text.replace("return sum(longest - n for n in output_lens)", "return 0"))
+    wrong = load_path(path, "ex01_static_waste", "exercises")
+    with pytest.raises(course.CheckFailed, match="ex01_static_waste"):
+        course.check(wrong)
+    out = capsys.readouterr().out
+    assert "✗ fail  idle_slot_steps" in out and "expected 207900, got 0" in out and "hint:" in out
+    assert "✓ pass  padded_prefill_fraction" in out
+
+
+def test_check_passes_quietly_on_the_reference(capsys):
+    report = course.check(course.load("ex03", solutions=True))
+    assert report.passed
+    assert "all 16 checks of ex03_chunked_prefill passed" in capsys.readouterr().out
+
+
+def test_cli_grade_and_make_exercises(capsys):
+    assert cli_main(["grade", "--solutions", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(NAMES)}/{len(NAMES)} exercises complete" in out
+    if course.use_solutions():
+        assert cli_main(["course", "make-exercises", "--check"]) == 0
+
+
+def test_cli_grade_reports_stubs_as_todo(tmp_path, monkeypatch, capsys):
+    """Grading a fresh checkout: every exercise is todo and the exit code says so."""
+    (tmp_path / "solutions").mkdir()
+    for name in NAMES:
+        (tmp_path / "solutions" / f"{name}.py").write_text((ROOT / "solutions" / f"{name}.py").read_text())
+    exgen.write_exercises(tmp_path)
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(tmp_path))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+    assert cli_main(["grade", "ex00"]) == 1
+    out = capsys.readouterr().out
+    assert "· todo  kv_bytes_per_token" in out and "0/1 exercises complete" in out
+
+
+def test_grade_survives_a_file_that_does_not_import(tmp_path, monkeypatch, capsys):
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "exercises").mkdir()
+    sol = (ROOT / "solutions" / "ex01_static_waste.py").read_text()
+    (tmp_path / "solutions" / "ex01_static_waste.py").write_text(sol)
+    (tmp_path / "exercises" / "ex01_static_waste.py").write_text("def broken(:\n")
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(tmp_path))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+    assert cli_main(["grade"]) == 1
+    assert "the file does not import: SyntaxError" in capsys.readouterr().out
