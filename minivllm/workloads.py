@@ -338,12 +338,19 @@ def _engine_of(llm_or_engine):
 
 
 def submit_to_engine(llm_or_engine, trace: Trace | Sequence[TraceItem]) -> list[str]:
-    """Queue every item now (arrival times are ignored: an offline batch). Request ids are the
-    trace's; each request is greedy, ignores EOS and stops after exactly ``output_len`` tokens."""
+    """Queue every item now, as one offline batch: the trace's arrival times are ignored and
+    every request is stamped with the same arrival time (as in the simulator, where an
+    all-at-once trace arrives at t = 0; the priority policy breaks ties on arrival time).
+    Request ids are the trace's; each request is greedy, ignores EOS and stops after exactly
+    ``output_len`` tokens."""
     engine = _engine_of(llm_or_engine)
     vocab = engine.model_config.vocab_size
+    now = time.perf_counter()
     return [
-        engine.add_request(it.request_id, it.prompt_token_ids(vocab), it.sampling_params(), priority=it.priority)
+        engine.add_request(
+            it.request_id, it.prompt_token_ids(vocab), it.sampling_params(),
+            priority=it.priority, arrival_time=now,
+        )
         for it in trace
     ]
 
