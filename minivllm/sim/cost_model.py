@@ -42,6 +42,22 @@ from minivllm.sim.hardware import Hardware
 from minivllm.sim.model_spec import ModelSpec
 
 
+def scheduled_rows(sched_out) -> list[tuple[int, int, bool]]:
+    """``(num_cached, num_rows, sample)`` per scheduled request of a fresh ``SchedulerOutput``.
+
+    The scheduler has already advanced ``num_computed_tokens`` by the step's tokens, so the
+    cached context is ``num_computed_tokens - num_new``; a request samples when its computed
+    tokens catch up with all its tokens. Padding rows (static batching) are real rows.
+    """
+    pads = sched_out.num_padding
+    rows = []
+    for req, n in zip(sched_out.requests, sched_out.num_new, strict=True):
+        done = req.num_computed_tokens
+        pad = pads.get(req.request_id, 0) if pads else 0
+        rows.append((done - n, n + pad, n > 0 and done == len(req.all_token_ids)))
+    return rows
+
+
 @dataclass(frozen=True)
 class StepCost:
     flops: float
@@ -122,10 +138,9 @@ class CostModel:
         )
 
     def schedule_cost(self, sched_out) -> StepCost:
-        """Cost of a :class:`~minivllm.core.scheduler.SchedulerOutput` as the engine would run it."""
-        return self.step_cost(
-            (s.num_computed, s.num_new + s.num_padding, s.sample) for s in sched_out.scheduled
-        )
+        """Cost of a :class:`~minivllm.core.scheduler.SchedulerOutput` as the engine would run
+        it. Call it right after ``schedule()``, before ``update_from_output`` appends tokens."""
+        return self.step_cost(scheduled_rows(sched_out))
 
     def decode_step(self, batch_size: int, context_len: int) -> StepCost:
         """A pure decode step: ``batch_size`` sequences, each with ``context_len`` cached tokens."""

@@ -35,7 +35,7 @@ from minivllm.metrics import EngineStats, StepStats
 from minivllm.outputs import RequestMetrics
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
-from minivllm.sim.cost_model import CostModel, StepCost
+from minivllm.sim.cost_model import CostModel, StepCost, scheduled_rows
 from minivllm.sim.hardware import Hardware, get_hardware
 from minivllm.sim.model_spec import ModelSpec, preset
 
@@ -183,17 +183,21 @@ class Simulator:
         out = self.scheduler.schedule()
         if self.record_decisions:
             self.decisions.append(out.decisions())
-        cost = self.cost_model.schedule_cost(out)
+        rows = scheduled_rows(out)
+        cost = self.cost_model.step_cost(rows)
         self.step_costs.append(cost)
         now = start + cost.time
-        sampled = {s.request.request_id: self.placeholder_token for s in out.scheduled if s.sample}
+        token = self.placeholder_token
+        sampled = {
+            req.request_id: token for req, (_, _, sample) in zip(out.requests, rows, strict=True) if sample
+        }
         finished = self.scheduler.update_from_output(out, sampled)
-        for s in out.scheduled:
-            req = s.request
-            m = self.stats.requests[req.request_id]
+        metrics = self.stats.requests
+        for req, (_, _, sample) in zip(out.requests, rows, strict=True):
+            m = metrics[req.request_id]
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = m.first_scheduled_time = start
-            if s.sample and req.first_token_time is None:
+            if sample and req.first_token_time is None:
                 req.first_token_time = m.first_token_time = now
         for req in finished:
             req.finished_time = now
@@ -223,7 +227,7 @@ class Simulator:
                 tokens_stored=sum(r.num_computed_tokens for r in live),
                 slots_reserved=self.kv.num_reserved_slots,
                 num_preemptions=len(out.preempted),
-                num_batched_seqs=len(out.scheduled),
+                num_batched_seqs=len(out.requests),
             )
         )
         self._step += 1
