@@ -23,6 +23,12 @@ class StepStats:
     slots_reserved: int  # token slots set aside for them
     num_preemptions: int  # this step
     num_batched_seqs: int = 0  # sequences in this step's forward pass
+    kv_blocks_referenced: int = 0  # sum of block-table lengths (> used when blocks are shared)
+    num_cow_copies: int = 0  # blocks copied before this step (copy-on-write)
+
+    @property
+    def kv_blocks_saved_by_sharing(self) -> int:
+        return max(self.kv_blocks_referenced - self.kv_blocks_used, 0)
 
     @property
     def kv_utilization(self) -> float:
@@ -39,6 +45,7 @@ class EngineStats:
     steps: list[StepStats] = field(default_factory=list)
     requests: dict[str, RequestMetrics] = field(default_factory=dict)
     prefix_hit_rate: float = 0.0
+    prefill_tokens_skipped: int = 0  # prefix-cache hits + prompts shared by forking
 
     def column(self, name: str) -> list:
         """One field of every step, for plotting: ``stats.column("num_running")``."""
@@ -72,4 +79,7 @@ class EngineStats:
             "mean_tpot_s": mean(tpots),
             "mean_e2e_s": mean(e2e),
             "prefix_hit_rate": self.prefix_hit_rate,
+            "prefill_tokens_skipped": self.prefill_tokens_skipped,
+            "peak_kv_blocks_used": max((s.kv_blocks_used for s in steps), default=0),
+            "peak_kv_blocks_saved_by_sharing": max((s.kv_blocks_saved_by_sharing for s in steps), default=0),
         }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import FAMILIES, save_random_checkpoint
 
 import minivllm
-from support import FAMILIES, save_random_checkpoint
 
 
 @pytest.fixture(scope="session")

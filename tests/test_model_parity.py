@@ -11,13 +11,12 @@ import random
 
 import pytest
 import torch
+from support import FAMILIES, hf_greedy
 
 import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.attention import AttentionMetadata
 from minivllm.model import ModelConfig, UnsupportedModelError, load_model
-
-from support import FAMILIES, hf_greedy
 
 BLOCK = 16
 ATOL = 1e-4

@@ -93,8 +93,8 @@ def test_priority_admission_order_and_preemption_for_an_urgent_arrival():
     low = add(s, "low", 12, 4, priority=9, t=0)
     step(s)
     assert low.status == RequestStatus.RUNNING
-    mid = add(s, "mid", 8, 4, priority=5, t=1)
-    hi = add(s, "hi", 8, 4, priority=1, t=2)
+    add(s, "mid", 8, 4, priority=5, t=1)
+    add(s, "hi", 8, 4, priority=1, t=2)
     out = step(s)
     assert out.preempted == [low]  # both newcomers outrank it
     assert [d[0] for d in out.decisions()] == ["hi", "mid"]  # most urgent first

@@ -83,6 +83,19 @@ class ContiguousKVCacheManager:
     def reset_prefix_cache(self) -> None:
         pass
 
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        return []
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        return self.num_used_blocks
+
+    def fork(self, parent: Request, child: Request) -> None:
+        raise NotImplementedError(
+            "the contiguous KV baseline cannot share memory between requests: forking "
+            "(parallel sampling with n > 1, beam search) needs kv_cache='paged'"
+        )
+
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
         regions = list(self.req_to_region.values())
         assert len(set(regions)) == len(regions), "a region is held by two requests"

@@ -38,6 +38,11 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_to_block_ids: dict[str, list[int]] = {}
         self._num_cached_blocks: dict[str, int] = {}
+        # copy-on-write: requests whose block tables may point at blocks another request
+        # also uses (after fork), and the (src, dst) block copies the next step must do first
+        self._forked: set[str] = set()
+        self.pending_copies: list[tuple[int, int]] = []
+        self.num_cow_copies = 0
 
     # --- sizes ---------------------------------------------------------------------------
     @property
@@ -112,7 +117,7 @@ class KVCacheManager:
         bs = self.block_size
         computed = request.num_computed_tokens
         ids = self.req_to_block_ids.get(rid)
-        if ids is not None and not new_computed_blocks:
+        if ids is not None and not new_computed_blocks and rid not in self._forked:
             # fast path (most decode steps): the new tokens fit in the blocks already held
             total = computed + num_new_tokens + num_lookahead_tokens
             if total <= len(ids) * bs:
@@ -124,10 +129,14 @@ class KVCacheManager:
         num_computed = computed + len(new_computed_blocks) * bs
         num_new_blocks = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs) - num_have
         pool = self.block_pool
+        # Copy-on-write: held blocks that this step writes into but that others share.
+        shared = self._shared_blocks_to_write(rid, blocks, num_computed, num_new_tokens) if blocks else []
         # Hits sitting in the free queue stop being available once we take them.
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if max(num_new_blocks, 0) > pool.num_free_blocks - num_free_hits:
+        if max(num_new_blocks, 0) + len(shared) > pool.num_free_blocks - num_free_hits:
             return None
+        if shared:
+            self._copy_on_write(rid, blocks, shared)
         if blocks is None:
             blocks = self.req_to_blocks[rid] = []
             self.req_to_block_ids[rid] = []
@@ -143,6 +152,55 @@ class KVCacheManager:
         if self.enable_caching:
             self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
         return new_blocks
+
+    def _shared_blocks_to_write(
+        self, rid: str, blocks: list[KVCacheBlock], num_computed: int, num_new_tokens: int
+    ) -> list[int]:
+        """Indices (in the block table) of shared blocks that tokens
+        ``[num_computed, num_computed + num_new_tokens)`` would write into."""
+        if rid not in self._forked or num_new_tokens <= 0:
+            return []
+        first = num_computed // self.block_size
+        last = min((num_computed + num_new_tokens - 1) // self.block_size, len(blocks) - 1)
+        return [i for i in range(first, last + 1) if blocks[i].ref_cnt > 1]
+
+    def _copy_on_write(self, rid: str, blocks: list[KVCacheBlock], indices: list[int]) -> None:
+        """Give the request private copies of shared blocks before it writes into them."""
+        fresh = self.block_pool.get_new_blocks(len(indices))
+        ids = self.req_to_block_ids[rid]
+        for i, new in zip(indices, fresh, strict=True):
+            old = blocks[i]
+            self.pending_copies.append((old.block_id, new.block_id))
+            blocks[i], ids[i] = new, new.block_id
+            self.block_pool.free_blocks([old])  # drop our reference; the others keep theirs
+            self.num_cow_copies += 1
+        # copies are private and may be partly filled: never register them in the prefix cache
+        self._num_cached_blocks[rid] = min(self._num_cached_blocks.get(rid, 0), indices[0])
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Let ``child`` share every block of ``parent`` (reference counts go up; no copy).
+
+        Both become copy-on-write: whichever first writes into a shared block gets a copy.
+        """
+        blocks = self.req_to_blocks.get(parent.request_id, [])
+        if child.request_id in self.req_to_blocks:
+            raise ValueError(f"request {child.request_id!r} already holds blocks")
+        self.block_pool.touch(blocks)
+        self.req_to_blocks[child.request_id] = list(blocks)
+        self.req_to_block_ids[child.request_id] = [b.block_id for b in blocks]
+        self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(parent.request_id, 0)
+        child.block_hashes = list(parent.block_hashes)
+        self._forked.update((parent.request_id, child.request_id))
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies to perform before the next forward pass."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        """Sum of block-table lengths: what the requests would hold without any sharing."""
+        return sum(len(ids) for ids in self.req_to_block_ids.values())
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Register the blocks that will be full once ``num_tokens`` tokens are written
@@ -163,6 +221,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(rid, None)
         self.req_to_block_ids.pop(rid, None)
         self._num_cached_blocks.pop(rid, None)
+        self._forked.discard(rid)
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
 

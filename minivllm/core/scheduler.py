@@ -87,6 +87,7 @@ class SchedulerOutput:
         self.num_new: list[int] = []
         self.num_padding: dict[str, int] = {}  # static batching only
         self.preempted: list[Request] = []
+        self.blocks_to_copy: list[tuple[int, int]] = []  # copy-on-write, before the forward
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
         self.num_padding_tokens = 0
@@ -142,6 +143,7 @@ class Scheduler:
         # prefix-cache statistics over admitted requests (tokens)
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        self.num_forked_tokens = 0  # tokens a forked request did not have to compute
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -277,7 +279,20 @@ class Scheduler:
                 prefill += num_new
 
         out.num_prefill_tokens, out.num_decode_tokens = prefill, decode
+        out.blocks_to_copy = self.kv.take_pending_copies()
         return out
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """Add ``child`` as a running copy of ``parent``: same tokens, same computed prefix,
+        every KV block shared (copy-on-write). Used by parallel sampling and beam search.
+        Call it before ``parent``'s next token is appended."""
+        self.kv.fork(parent, child)
+        child.all_token_ids = list(parent.all_token_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
+        self.requests[child.request_id] = child
+        self.num_forked_tokens += parent.num_computed_tokens
 
     def _preempt_for(self, req: Request, out: SchedulerOutput) -> int | None:
         """Priority policy only: make room for a more important waiting request by preempting

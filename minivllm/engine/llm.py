@@ -6,10 +6,11 @@ from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
 
+from minivllm.engine.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.metrics import EngineStats
 from minivllm.outputs import CompletionOutput, RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 Prompt = str | Sequence[int]
 
@@ -99,6 +100,15 @@ class LLM:
                     out.request_id, out.prompt, out.prompt_token_ids, pieces, out.finished,
                     out.num_cached_tokens, out.metrics,
                 )
+
+    def beam_search(
+        self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """Beam search for each prompt; ``outputs[i].sequences[0]`` is the best sequence.
+        Beams share KV blocks and fork copy-on-write (see ``minivllm/engine/beam_search.py``)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return run_beam_search(self.engine, list(prompts), params)
 
     def stats(self) -> EngineStats:
         """Per-step and per-request metrics collected so far (for plots and tables)."""

@@ -83,6 +83,8 @@ class LLMEngine:
         pad = self.tokenizer.pad_token_id
         self.runner = ModelRunner(self.model, self.kv, self.sampler, pad if pad is not None else 0, self.kv_dtype)
         self.stats = EngineStats()
+        self._requests: dict[str, Request] = {}  # every live (child) request, by id
+        self._fork_pending: dict[str, list[Request]] = {}  # n > 1: leader id -> its siblings
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, str] = {}
@@ -186,13 +188,26 @@ class LLMEngine:
             children.append(req)
         for req in children:
             self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, ids, req.sampling_params)
-            self.scheduler.add_request(req)
+            self._requests[req.request_id] = req
             self.stats.requests[req.request_id] = RequestMetrics(arrival_time=now)
+        if params.n > 1 and self.can_fork:
+            # Parallel sampling: compute the prompt once (the first child), then fork the
+            # others off it when it samples, sharing its blocks copy-on-write.
+            self.scheduler.add_request(children[0])
+            self._fork_pending[children[0].request_id] = children[1:]
+        else:
+            for req in children:
+                self.scheduler.add_request(req)
         if params.n > 1:
             self._parents[request_id] = _Parent(request_id, children)
             for c in children:
                 self._child_to_parent[c.request_id] = request_id
         return request_id
+
+    @property
+    def can_fork(self) -> bool:
+        """Forking shares blocks: only the continuous scheduler over the paged cache does it."""
+        return self.args.scheduler == "continuous" and self.args.kv_cache == "paged"
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -200,8 +215,13 @@ class LLMEngine:
         for rid in ids:
             parent = self._parents.get(rid)
             expanded.extend([c.request_id for c in parent.children] if parent else [rid])
+        now = time.perf_counter()
+        for rid in expanded:  # siblings that were never forked are not in the scheduler
+            for kid in self._fork_pending.pop(rid, []):
+                kid.status = RequestStatus.FINISHED_ABORTED
+                self._stamp_finish(kid, now)
         for req in self.scheduler.finish_requests(expanded, RequestStatus.FINISHED_ABORTED):
-            self._stamp_finish(req, time.perf_counter())
+            self._stamp_finish(req, now)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -213,24 +233,31 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         sched_out = self.scheduler.schedule()
-        sampled = self.runner.execute(sched_out)
+        pending = self._fork_pending
+        sampled = self.runner.execute(sched_out, pending or None)
         now = time.perf_counter()
+        for leader_id in [lid for lid in pending if lid in sampled]:
+            leader = self._requests[leader_id]
+            for kid in pending.pop(leader_id):
+                self.scheduler.fork_request(leader, kid)
         finished = self.scheduler.update_from_output(sched_out, sampled)
-        touched: list[Request] = []
         for req in sched_out.requests:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
                 self.stats.requests[req.request_id].first_scheduled_time = start
-            token = sampled.get(req.request_id)
-            if token is None:
-                continue
+        touched: list[Request] = []
+        for rid, token in sampled.items():
+            req = self._requests[rid]
             if req.first_token_time is None:
                 req.first_token_time = now
-                self.stats.requests[req.request_id].first_token_time = now
-            stop_hit = self._detok[req.request_id].add_tokens([token])
+                metrics = self.stats.requests[rid]
+                metrics.first_token_time = now
+                if metrics.first_scheduled_time is None:  # a forked sibling
+                    req.first_scheduled_time = metrics.first_scheduled_time = start
+            stop_hit = self._detok[rid].add_tokens([token])
             if stop_hit is not None and not req.is_finished:
                 req.stop_reason = stop_hit
-                self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_STOPPED)
+                self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
                 finished.append(req)
             touched.append(req)
         for req in finished:
@@ -266,6 +293,8 @@ class LLMEngine:
                 slots_reserved=self.kv.num_reserved_slots,
                 num_preemptions=len(out.preempted),
                 num_batched_seqs=len(out.requests),
+                kv_blocks_referenced=self.kv.num_referenced_blocks,
+                num_cow_copies=len(out.blocks_to_copy),
             )
         )
         self._step += 1
@@ -317,7 +346,11 @@ class LLMEngine:
         for rid in ids:
             self._detok.pop(rid, None)
             self._child_to_parent.pop(rid, None)
+            self._requests.pop(rid, None)
 
     def get_stats(self) -> EngineStats:
         self.stats.prefix_hit_rate = self.scheduler.prefix_hit_rate
+        self.stats.prefill_tokens_skipped = (
+            self.scheduler.prefix_hit_tokens + self.scheduler.num_forked_tokens
+        )
         return self.stats

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.attention.cache_ops import copy_blocks
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.engine.sampler import Sampler
 from minivllm.model.llama import LlamaFamilyModel
+from minivllm.request import Request
 
 
 class ModelRunner:
@@ -69,15 +71,40 @@ class ModelRunner:
         return ids_t, pos_t, meta, sample_rows
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run the model on the step's batch; return ``{request_id: sampled token}``."""
+    def compute_logits(self, out: SchedulerOutput) -> tuple[list[Request], torch.Tensor | None]:
+        """Copy-on-write copies, then the forward pass. Returns the requests that sample this
+        step and their logits ``[num_sampling, vocab]`` (float32)."""
+        if out.blocks_to_copy:
+            copy_blocks(self.kv_caches, out.blocks_to_copy)
         if out.is_empty:
-            return {}
+            return [], None
         input_ids, positions, meta, sample_rows = self.prepare_inputs(out)
         hidden = self.model(input_ids, positions, meta)
         sampling = [s.request for s in out.scheduled if s.sample]
         if not sampling:
+            return [], None
+        return sampling, self.model.compute_logits(hidden[sample_rows]).float()
+
+    def execute(
+        self, out: SchedulerOutput, fork_children: dict[str, list[Request]] | None = None
+    ) -> dict[str, int]:
+        """Run the step; return ``{request_id: sampled token}``.
+
+        ``fork_children`` (parallel sampling): for a request id that samples this step, also
+        draw one token for each listed child from the same logits row, each with the child's
+        own settings and generator. The prompt is computed once for all of them.
+        """
+        sampling, logits = self.compute_logits(out)
+        if not sampling:
             return {}
-        logits = self.model.compute_logits(hidden[sample_rows])
+        if fork_children:
+            rows, extra = [], []
+            for i, req in enumerate(sampling):
+                for child in fork_children.get(req.request_id, ()):
+                    rows.append(i)
+                    extra.append(child)
+            if extra:
+                logits = torch.cat([logits, logits[rows]])
+                sampling = sampling + extra
         tokens = self.sampler(logits, sampling)
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
