@@ -67,6 +67,7 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         params = self.sampling_params
         self.max_tokens = params.max_tokens if params.max_tokens is not None else 1 << 62
+        self.length_limit = self.num_prompt_tokens + self.max_tokens  # total tokens at max_tokens
         # token ids that end the request (stop_token_ids, plus EOS unless ignore_eos)
         self.stop_token_set = set(params.stop_token_ids)
         if not params.ignore_eos:

@@ -49,7 +49,7 @@ def test_forked_children_match_unshared_runs(random_checkpoints):
     assert shared.kv.num_used_blocks == used_after_fork + 2  # two copies; the third writes in place
     assert shared.kv.num_cow_copies == 2
 
-    for rid, r in reqs.items():
+    for rid in reqs:
         alone = LLM(str(path), max_model_len=256).engine
         solo = Request("solo", prompt + branches[rid], params)
         alone.scheduler.add_request(solo)

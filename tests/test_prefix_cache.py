@@ -67,8 +67,8 @@ def test_hash_chain_hits_and_eviction_order(sched):
     assert kv.get_block_ids("c") == order  # taken in eviction order
     stale = [h for h in (h0, h1, h2) if kv.block_pool.get_cached_block(h) is not None]
     assert not stale, "a hash still points at a block that was handed to someone else"
-    for h, blk in kv.block_pool.cached_blocks.items():
-        assert blk.block_hash == h and blk in kv.get_blocks("c")
+    for value, blk in kv.block_pool.cached_blocks.items():
+        assert blk.block_hash.value == value and blk in kv.get_blocks("c")
 
 
 def test_a_whole_prompt_hit_still_computes_the_last_token(sched):

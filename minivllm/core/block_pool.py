@@ -15,19 +15,36 @@ Invariant: ``ref_cnt == 0`` exactly for the blocks in the free queue.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 
-class BlockHash(NamedTuple):
+class BlockHash:
     """Identity of a full block's contents *and everything before it*.
 
     ``value`` chains the parent block's value, so equal values mean equal prefixes; the token
-    ids are kept too so a dictionary lookup also compares them exactly.
+    ids and extra keys are kept too, so a dictionary lookup also compares them exactly (a
+    64-bit collision cannot make two different blocks look equal). The hash is computed once.
     """
 
-    value: int
-    token_ids: tuple[int, ...]
-    extra_keys: tuple | None = None
+    __slots__ = ("value", "token_ids", "extra_keys")
+
+    def __init__(self, value: int, token_ids: tuple[int, ...], extra_keys: tuple | None = None):
+        self.value = value
+        self.token_ids = token_ids
+        self.extra_keys = extra_keys
+
+    def __hash__(self) -> int:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, BlockHash)
+            and self.value == other.value
+            and self.token_ids == other.token_ids
+            and self.extra_keys == other.extra_keys
+        )
+
+    def __repr__(self) -> str:
+        return f"BlockHash({self.value & 0xFFFFFFFF:#x}, {len(self.token_ids)} tokens)"
 
 
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple | None = None) -> BlockHash:
@@ -99,7 +116,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}
+        # prefix cache: hash value -> block (the block's BlockHash confirms the exact tokens)
+        self.cached_blocks: dict[int, KVCacheBlock] = {}
         self.num_evictions = 0  # cached blocks whose contents were overwritten
 
     @property
@@ -124,13 +142,17 @@ class BlockPool:
         return out
 
     def _evict(self, block: KVCacheBlock) -> None:
-        if self.cached_blocks.get(block.block_hash) is block:
-            del self.cached_blocks[block.block_hash]
+        value = block.block_hash.value
+        if self.cached_blocks.get(value) is block:
+            del self.cached_blocks[value]
         block.block_hash = None
         self.num_evictions += 1
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        return self.cached_blocks.get(block_hash)
+        block = self.cached_blocks.get(block_hash.value)
+        if block is None or block.block_hash != block_hash:  # absent, or a 64-bit collision
+            return None
+        return block
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on blocks found in the cache (pulling free ones out of the queue)."""
@@ -154,7 +176,7 @@ class BlockPool:
             return
         block.block_hash = block_hash
         # If identical contents are already cached under another block, keep the first one.
-        self.cached_blocks.setdefault(block_hash, block)
+        self.cached_blocks.setdefault(block_hash.value, block)
 
     def reset_prefix_cache(self) -> None:
         for block in self.cached_blocks.values():

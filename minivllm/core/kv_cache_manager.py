@@ -88,9 +88,9 @@ class KVCacheManager:
         # Never hit the last token: it must be computed to produce logits.
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
-        lookup = self.block_pool.cached_blocks
+        lookup = self.block_pool.get_cached_block
         for h in self.block_hashes(request)[:max_hit_blocks]:
-            block = lookup.get(h)
+            block = lookup(h)
             if block is None:
                 break
             hits.append(block)
@@ -116,11 +116,10 @@ class KVCacheManager:
         rid = request.request_id
         bs = self.block_size
         computed = request.num_computed_tokens
-        ids = self.req_to_block_ids.get(rid)
-        if ids is not None and not new_computed_blocks and rid not in self._forked:
+        if not new_computed_blocks and (not self._forked or rid not in self._forked):
             # fast path (most decode steps): the new tokens fit in the blocks already held
-            total = computed + num_new_tokens + num_lookahead_tokens
-            if total <= len(ids) * bs:
+            ids = self.req_to_block_ids.get(rid)
+            if ids is not None and computed + num_new_tokens + num_lookahead_tokens <= len(ids) * bs:
                 if self.enable_caching and (computed + num_new_tokens) // bs != computed // bs:
                     self._cache_full_blocks(request, self.req_to_blocks[rid], computed + num_new_tokens)
                 return []
@@ -246,8 +245,10 @@ class KVCacheManager:
             assert (b.ref_cnt == 0) == (b.block_id in in_queue), (
                 f"block {b.block_id}: ref_cnt {b.ref_cnt} but in free queue = {b.block_id in in_queue}"
             )
-        for h, b in self.block_pool.cached_blocks.items():
-            assert b.block_hash == h, f"hash map points at block {b.block_id} that holds another hash"
+        for value, b in self.block_pool.cached_blocks.items():
+            assert b.block_hash is not None and b.block_hash.value == value, (
+                f"hash map points at block {b.block_id} that holds another hash"
+            )
         if live_request_ids is not None:
             extra = set(self.req_to_blocks) - set(live_request_ids)
             assert not extra, f"blocks held by requests that are not live: {sorted(extra)[:5]}"

@@ -320,12 +320,8 @@ class Scheduler:
             req = requests[rid]
             tokens = req.all_token_ids
             tokens.append(token)
-            # cheap test first; Request.check_stop has the details
-            if (
-                token in req.stop_token_set
-                or len(tokens) - req.num_prompt_tokens >= req.max_tokens
-                or len(tokens) >= max_len
-            ):
+            # cheap test first (a stop token, or the length limit); check_stop has the details
+            if token in req.stop_token_set or len(tokens) >= req.length_limit or len(tokens) >= max_len:
                 status = req.check_stop(token, max_len)
                 if status is not None:
                     req.status = status

@@ -117,7 +117,7 @@ def _advance(g: _Group, pending, sched, counter, eos: set[int], k: int, keep: in
 
     # finished candidates: only those ranked in the first k may be kept
     if g.improvable:
-        for rank, (score, beam, token) in enumerate(candidates[:k]):
+        for score, beam, token in candidates[:k]:
             if token in eos or at_limit:
                 parent = g.beams[beam][0]
                 gen = parent.all_token_ids[n_prompt:] + [token]
