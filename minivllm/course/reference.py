@@ -94,7 +94,8 @@ def run_reference(
         running = [(q.request_id, q.num_tokens - q.num_computed_tokens) for q in sched.running]
         waiting = [(q.request_id, q.num_tokens - q.num_computed_tokens) for q in sched.waiting]
         out = sched.schedule()
+        batch = out.decisions()  # read before update_from_output appends the sampled tokens
         sampled = {s.request.request_id: 0 for s in out.scheduled if s.sample}
         finished = sched.update_from_output(out, sampled, max_model_len=NO_LENGTH_CAP)
-        steps.append(RefStep(t, running, waiting, out.decisions(), [q.request_id for q in finished]))
+        steps.append(RefStep(t, running, waiting, batch, [q.request_id for q in finished]))
     raise RuntimeError(f"the reference scheduler did not finish the trace in {max_steps} steps")
