@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 from minivllm.sim.hardware import Hardware
 from minivllm.sim.model_spec import ModelSpec
@@ -106,25 +107,37 @@ class CostModel:
     def achievable_bandwidth(self) -> float:
         return self.hardware.memory_bandwidth * self.bandwidth_efficiency
 
+    @cached_property
+    def _constants(self) -> tuple[float, ...]:
+        """Per-model numbers used at every step, computed once."""
+        m = self.model
+        return (
+            2.0 * m.linear_params,
+            float(m.attention_flops_per_pair),
+            float(m.lm_head_flops),
+            m.kv_bytes_per_token(),
+            m.body_weight_bytes,
+            m.lm_head_bytes,
+        )
+
     # --- one step ------------------------------------------------------------------------
     def step_cost(self, rows: Iterable[tuple[int, int, bool]]) -> StepCost:
         """Cost of a step given, per scheduled sequence, ``(num_cached, num_rows, sample)``:
         ``num_rows`` rows (new tokens + padding) computed after ``num_cached`` tokens already
         in the KV cache, and whether a token is sampled from it."""
-        m = self.model
-        pair_flops = m.attention_flops_per_pair
-        kv_tok = m.kv_bytes_per_token()
+        row_flops, pair_flops, head_flops, kv_tok, body_bytes, head_bytes = self._constants
         total_rows = pairs = context = samples = 0
         for cached, n, sample in rows:
             total_rows += n
             # query i (0-based) of the chunk attends to cached + i + 1 keys (causal)
             pairs += n * cached + n * (n + 1) // 2
             context += cached + n
-            samples += 1 if sample else 0
+            if sample:
+                samples += 1
         if total_rows == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.step_overhead_s)
-        flops = 2 * m.linear_params * total_rows + pair_flops * pairs + m.lm_head_flops * samples
-        weight_bytes = m.body_weight_bytes + (m.lm_head_bytes if samples else 0.0)
+        flops = row_flops * total_rows + pair_flops * pairs + head_flops * samples
+        weight_bytes = body_bytes + (head_bytes if samples else 0.0)
         kv_read = context * kv_tok
         kv_write = total_rows * kv_tok
         return StepCost(

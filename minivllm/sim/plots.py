@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from minivllm.metrics import EngineStats, StepStats  # noqa: E402
+from minivllm.sim.analysis import decode_only_steps, useful_seqs  # noqa: E402
 
 
 def _runs(stats: EngineStats | Mapping[str, EngineStats]) -> dict[str, EngineStats]:
@@ -30,15 +31,6 @@ def _runs(stats: EngineStats | Mapping[str, EngineStats]) -> dict[str, EngineSta
 def _times(steps: Sequence[StepStats]) -> list[float]:
     t0 = steps[0].start_time if steps else 0.0
     return [s.start_time - t0 for s in steps]
-
-
-def useful_seqs(step: StepStats) -> int:
-    """Sequences that do useful work in a step: all batched sequences, minus static batching's
-    idle seats (in a decode-only step every padding row is one idle seat; in a prefill step the
-    padding is prompt padding inside real sequences)."""
-    if step.num_prefill_tokens == 0:
-        return step.num_batched_seqs - step.num_padding_tokens
-    return step.num_batched_seqs
 
 
 def plot_batch_occupancy(
@@ -96,12 +88,8 @@ def plot_kv_memory(stats: EngineStats | Mapping[str, EngineStats]) -> Figure:
 
 def decode_points(stats: EngineStats) -> tuple[list[int], list[float]]:
     """``(batch sizes, tokens/s)`` of the decode-only steps of a run (no prefill, no padding)."""
-    sizes, rates = [], []
-    for s in stats.steps:
-        if s.num_prefill_tokens == 0 and s.num_padding_tokens == 0 and s.num_decode_tokens and s.duration > 0:
-            sizes.append(s.num_decode_tokens)
-            rates.append(s.num_decode_tokens / s.duration)
-    return sizes, rates
+    steps = [s for s in decode_only_steps(stats) if s.duration > 0]
+    return [s.num_decode_tokens for s in steps], [s.num_decode_tokens / s.duration for s in steps]
 
 
 def plot_throughput_roofline(
