@@ -155,6 +155,7 @@ def claim_static_b8(cfg: Config, rep: Report, cache: dict) -> None:
         ),
     )
     cache["static_b8"] = s_stats
+    cache["continuous_b8"] = c_stats
     rep.add(
         "3.3",
         "B_eff ~0.3 B for static batching; B_eff -> B for continuous batching",
@@ -225,6 +226,7 @@ def claim_equal_memory(cfg: Config, rep: Report, cache: dict) -> None:
         sim = Simulator(model, hw, max_num_seqs=256, max_model_len=8192, **kw)
         blocks = sim.num_kv_blocks
         st = sim.run(trace)
+        cache[f"equal:{name}"] = st
         results[name] = (st.summary(), effective_batch(st), mean_running(st))
     # the vLLM paper's chatbot setup: prompts cut to 1,024, answers to 1,024, 2,048-token context
     short = w.chat(
@@ -426,12 +428,13 @@ def saturated_throughput(stats) -> float:
     return sum(x.num_decode_tokens for x in steps) / busy if busy else float("nan")
 
 
-def claim_70b(cfg: Config, rep: Report) -> None:
+def claim_70b(cfg: Config, rep: Report, cache: dict) -> None:
     model = preset("llama-3-70b", weight_dtype="int4", kv_dtype="int8")
     hw = get_hardware("H100-SXM")
     trace = w.chat(max(cfg.chat_requests, 400), seed=cfg.seed + 1)
     sim = Simulator(model, hw, max_num_seqs=64, max_model_len=32_768)
     st = sim.run(trace)
+    cache["70b"] = (sim.cost_model, st)
     s = sim.summary()
     kv_bytes = sim.num_kv_blocks * sim.kv_block_bytes
     kv_tokens = sim.num_kv_blocks * 16
@@ -586,11 +589,36 @@ def print_report(rep: Report, cfg: Config, argv: list[str], elapsed: float) -> N
     print(f"\n{len(rep.rows)} claims checked in {elapsed:.1f} s.")
 
 
+def save_plots(cache: dict, out_dir: str) -> list[str]:
+    """The three simulator plots, drawn from this run's statistics."""
+    from pathlib import Path
+
+    from minivllm.sim import plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figs = {
+        "batch_occupancy.png": plots.plot_batch_occupancy(
+            {"static B=8": cache["static_b8"], "continuous B=8": cache["continuous_b8"]}, max_num_seqs=8
+        ),
+        "kv_memory.png": plots.plot_kv_memory(
+            {k.split(":", 1)[1]: v for k, v in cache.items() if k.startswith("equal:") and "static" not in k}
+        ),
+        "decode_roofline.png": plots.plot_throughput_roofline(
+            cache["70b"][0], {"70B int4 chat run": cache["70b"][1]}, context_len=512
+        ),
+    }
+    for name, fig in figs.items():
+        fig.savefig(out / name, dpi=110)
+    return [str(out / name) for name in figs]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller traces (a few seconds)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plots", metavar="DIR", help="also save the occupancy, KV-memory and roofline plots")
     args = ap.parse_args(argv)
     cfg = Config.make(args.quick, args.seed)
     rep = Report()
@@ -603,9 +631,11 @@ def main(argv: list[str] | None = None) -> int:
     claim_roofline(cfg, rep)
     claim_kv_bytes(cfg, rep)
     claim_prefix_sharing(cfg, rep)
-    claim_70b(cfg, rep)
+    claim_70b(cfg, rep, cache)
     claim_chunked(cfg, rep)
     print_report(rep, cfg, ["benchmarks/chapter_claims.py", *argv], time.perf_counter() - t0)
+    if args.plots:
+        print("\nPlots: " + ", ".join(save_plots(cache, args.plots)))
     return 0
 
 
