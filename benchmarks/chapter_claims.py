@@ -250,7 +250,7 @@ def claim_equal_memory(cfg: Config, rep: Report, cache: dict) -> None:
         "3",
         "iteration-level scheduling (Orca) gives ~4x over static batching",
         f"**x{orca / base:.1f}** ({orca:,.0f} vs {base:,.0f} tok/s)",
-        setup + "; both reserve max_model_len per request",
+        setup + f"; both reserve max_model_len per request, so at most {blocks // 512} run at once",
         verdict(near(orca / base, 4, 0.5), "", f"we get x{orca / base:.1f}"),
     )
     vs_b8 = ""
