@@ -8,7 +8,8 @@ Grid and work split. One program per ``(sequence, kv_head)``. With grouped-query
 (GQA) ``num_heads // num_kv_heads`` query heads share one K/V head, so the program loads that
 group's queries as the rows of a small matrix ``[GROUP_PAD, head_dim]`` and reads every K/V
 block once for all of them. ``GROUP_PAD`` is the group size rounded up to a power of two and to
-at least 16, because ``tl.dot`` on a GPU needs at least 16 rows; padded rows are masked.
+at least 16, the smallest ``tl.dot`` tile older Triton releases accept on a GPU (3.9 pads small
+tiles itself); padded rows are zeros and are never stored.
 
 Online softmax. The program walks its sequence's blocks in order, keeping per query row a
 running maximum ``m``, a running denominator ``denom = sum(exp(s - m))`` and an unnormalised output
@@ -268,6 +269,14 @@ def _check_paged_inputs(
         raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype}, {v_cache.dtype}) must share a dtype")
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [num_seqs, max_blocks], got {tuple(block_tables.shape)}")
+    block_size = k_cache.shape[1]
+    if block_size < 16 or block_size & (block_size - 1):
+        # One cache block is the K dimension of the P @ V dot, which a GPU needs >= 16 (the
+        # interpreter would accept less; we refuse it everywhere so CPU and GPU agree).
+        raise ValueError(
+            f"the Triton kernels need a power-of-two block_size >= 16, got {block_size}; "
+            "use the torch backend for smaller blocks"
+        )
     return num_kv_heads, num_heads // num_kv_heads
 
 

@@ -157,3 +157,6 @@ def test_rejects_bad_inputs():
                                batch.block_tables, batch.seq_lens_t, batch.scale)
     with pytest.raises(ValueError, match="num_splits"):
         run_decode(batch, num_splits=0)
+    small = make_batch([1], [5], num_heads=1, num_kv_heads=1, head_dim=64, block_size=8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="block_size"):
+        run_decode(small)

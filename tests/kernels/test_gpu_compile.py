@@ -1,0 +1,29 @@
+"""The kernels compile for T4 (sm_75), A100 (sm_80) and H100/H200 (sm_90) and fit their shared
+memory, checked on a machine without a GPU (see gpu_compile_check.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("gpu_compile_check.py")
+# Largest shared memory one block may use (opt-in), bytes.
+MAX_SHARED = {75: 64 * 1024, 80: 163 * 1024, 90: 227 * 1024}
+
+
+def test_kernels_compile_for_nvidia_gpus():
+    pytest.importorskip("triton.backends.nvidia")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    result = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(records) >= 10
+    failures = [r for r in records if "error" in r]
+    assert not failures, "\n".join(f"{r['kernel']} {r['params']} sm_{r['capability']}: {r['error']}" for r in failures)
+    for r in records:
+        assert r["shared_bytes"] <= MAX_SHARED[r["capability"]], r
