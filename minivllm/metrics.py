@@ -47,6 +47,39 @@ class EngineStats:
     prefix_hit_rate: float = 0.0
     prefill_tokens_skipped: int = 0  # prefix-cache hits + prompts shared by forking
 
+    def record_step(self, scheduler, out, start: float, duration: float) -> StepStats:
+        """Append what one step did (``out``: its ``SchedulerOutput``), read off the scheduler
+        and its KV manager right after the step. The engine and the simulator both call this."""
+        kv = scheduler.kv
+        stats = StepStats(
+            step=len(self.steps),
+            start_time=start,
+            duration=duration,
+            num_running=len(scheduler.running),
+            num_waiting=scheduler.num_waiting,
+            num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_tokens=out.num_decode_tokens,
+            num_padding_tokens=out.num_padding_tokens,
+            kv_blocks_used=kv.num_used_blocks,
+            kv_blocks_total=kv.num_blocks,
+            tokens_stored=sum(r.num_computed_tokens for r in scheduler.live_requests()),
+            slots_reserved=kv.num_reserved_slots,
+            num_preemptions=len(out.preempted),
+            num_batched_seqs=len(out.requests),
+            kv_blocks_referenced=kv.num_referenced_blocks,
+            num_cow_copies=len(out.blocks_to_copy),
+        )
+        self.steps.append(stats)
+        return stats
+
+    def record_finish(self, request, now: float) -> None:
+        """Stamp a finished request's end time and final counts."""
+        request.finished_time = now
+        m = self.requests[request.request_id]
+        m.finished_time = now
+        m.num_output_tokens = request.num_output_tokens
+        m.num_preemptions = request.num_preemptions
+
     def column(self, name: str) -> list:
         """One field of every step, for plotting: ``stats.column("num_running")``."""
         return [getattr(s, name) for s in self.steps]

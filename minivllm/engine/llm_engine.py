@@ -24,7 +24,7 @@ from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.sampler import Sampler
-from minivllm.metrics import EngineStats, StepStats
+from minivllm.metrics import EngineStats
 from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
 from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.request import Request, RequestStatus
@@ -89,7 +89,6 @@ class LLMEngine:
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, str] = {}
         self._ids = itertools.count()
-        self._step = 0
 
     # --- set-up helpers --------------------------------------------------------------------
     def _eos_ids(self) -> tuple[int, ...]:
@@ -268,36 +267,11 @@ class LLMEngine:
         return self._make_outputs(touched)
 
     def _stamp_finish(self, req: Request, now: float) -> None:
-        req.finished_time = now
-        m = self.stats.requests[req.request_id]
-        m.finished_time = now
-        m.num_output_tokens = req.num_output_tokens
-        m.num_preemptions = req.num_preemptions
+        self.stats.record_finish(req, now)
         self.sampler.forget(req.request_id)
 
     def _record_step(self, out, start: float, duration: float) -> None:
-        live = self.scheduler.live_requests()
-        self.stats.steps.append(
-            StepStats(
-                step=self._step,
-                start_time=start,
-                duration=duration,
-                num_running=len(self.scheduler.running),
-                num_waiting=self.scheduler.num_waiting,
-                num_prefill_tokens=out.num_prefill_tokens,
-                num_decode_tokens=out.num_decode_tokens,
-                num_padding_tokens=out.num_padding_tokens,
-                kv_blocks_used=self.kv.num_used_blocks,
-                kv_blocks_total=self.kv.num_blocks,
-                tokens_stored=sum(r.num_computed_tokens for r in live),
-                slots_reserved=self.kv.num_reserved_slots,
-                num_preemptions=len(out.preempted),
-                num_batched_seqs=len(out.requests),
-                kv_blocks_referenced=self.kv.num_referenced_blocks,
-                num_cow_copies=len(out.blocks_to_copy),
-            )
-        )
-        self._step += 1
+        self.stats.record_step(self.scheduler, out, start, duration)
 
     def check_invariants(self) -> None:
         self.kv.check_invariants(self.scheduler.live_request_ids())

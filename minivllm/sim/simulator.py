@@ -29,9 +29,9 @@ from collections.abc import Iterable
 from minivllm.config import EngineArgs
 from minivllm.core.contiguous_kv import ContiguousKVCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
-from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
-from minivllm.metrics import EngineStats, StepStats
+from minivllm.metrics import EngineStats
 from minivllm.outputs import RequestMetrics
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
@@ -106,7 +106,6 @@ class Simulator:
         self.decisions: list[list[tuple[str, int]]] = []  # one entry per step, if recorded
         self.step_costs: list[StepCost] = []
         self.placeholder_token = placeholder_token
-        self._step = 0
 
     # --- memory --------------------------------------------------------------------------
     def estimate_activation_bytes(self, max_batched_tokens: int, max_num_seqs: int) -> float:
@@ -200,37 +199,10 @@ class Simulator:
             if sample and req.first_token_time is None:
                 req.first_token_time = m.first_token_time = now
         for req in finished:
-            req.finished_time = now
-            m = self.stats.requests[req.request_id]
-            m.finished_time = now
-            m.num_output_tokens = req.num_output_tokens
-            m.num_preemptions = req.num_preemptions
-        self._record_step(out, start, cost.time)
+            self.stats.record_finish(req, now)
+        self.stats.record_step(self.scheduler, out, start, cost.time)
         self.clock = now
         return finished
-
-    def _record_step(self, out: SchedulerOutput, start: float, duration: float) -> None:
-        """Same fields, same definitions as ``LLMEngine._record_step``."""
-        live = self.scheduler.live_requests()
-        self.stats.steps.append(
-            StepStats(
-                step=self._step,
-                start_time=start,
-                duration=duration,
-                num_running=len(self.scheduler.running),
-                num_waiting=self.scheduler.num_waiting,
-                num_prefill_tokens=out.num_prefill_tokens,
-                num_decode_tokens=out.num_decode_tokens,
-                num_padding_tokens=out.num_padding_tokens,
-                kv_blocks_used=self.kv.num_used_blocks,
-                kv_blocks_total=self.kv.num_blocks,
-                tokens_stored=sum(r.num_computed_tokens for r in live),
-                slots_reserved=self.kv.num_reserved_slots,
-                num_preemptions=len(out.preempted),
-                num_batched_seqs=len(out.requests),
-            )
-        )
-        self._step += 1
 
     def run(self, trace: Iterable, max_steps: int | None = None, check_invariants: bool = False) -> EngineStats:
         """Serve every item of ``trace`` (objects with ``request_id``, ``arrival_time``,
