@@ -9,6 +9,7 @@ kernels on the CPU with NumPy: slow, but exact enough to learn from and to test 
 from __future__ import annotations
 
 import os
+import warnings
 
 
 def _cuda_available() -> bool:
@@ -21,7 +22,13 @@ def _cuda_available() -> bool:
 
 def configure_triton() -> str:
     """Set ``TRITON_INTERPRET=1`` when no CUDA device is present. Returns the mode name."""
-    if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
+    if os.environ.get("TRITON_INTERPRET") != "1" and not _cuda_available():
+        if os.environ.get("TRITON_INTERPRET") not in (None, ""):
+            warnings.warn(
+                f"TRITON_INTERPRET={os.environ['TRITON_INTERPRET']!r} but there is no CUDA device: "
+                "compiled kernels cannot launch here, so minivllm switches the interpreter on",
+                stacklevel=2,
+            )
         os.environ["TRITON_INTERPRET"] = "1"
     return triton_mode()
 

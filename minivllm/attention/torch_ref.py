@@ -78,6 +78,12 @@ def paged_attention_reference(
 
     k = gather_kv(k_cache, meta.block_tables, max_k).to(query.dtype)
     v = gather_kv(v_cache, meta.block_tables, max_k).to(query.dtype)
+    # Slots past a sequence's length may hold anything (even NaN in an uninitialised cache);
+    # a masked score has zero weight, but 0 * NaN is NaN, so clear them.
+    beyond = torch.arange(max_k, device=device)[None, :] >= seq_lens[:, None]  # [S, max_k]
+    if bool(beyond.any()):
+        k = k.masked_fill(beyond[:, :, None, None], 0)
+        v = v.masked_fill(beyond[:, :, None, None], 0)
 
     # Query row j of sequence s sits at absolute position context_len + j.
     q_pos = context_lens[:, None] + torch.arange(max_q, device=device)[None, :]  # [S, max_q]

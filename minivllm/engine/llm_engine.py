@@ -62,6 +62,12 @@ class LLMEngine:
                 f"this model uses sliding-window attention (window {cfg.sliding_window}) which minivllm "
                 f"does not implement; pass max_model_len <= {cfg.sliding_window}"
             )
+        backend = self.model.attention_layers[0].backend.name
+        if backend == "triton" and args.block_size < 16:
+            raise ValueError(
+                f"block_size={args.block_size} is below the Triton kernels' minimum of 16; use "
+                f"block_size >= 16 or attention_backend='torch'"
+            )
         self.kv_dtype = resolve_dtype(args.dtype, cfg, self.device)
         num_blocks = self._num_kv_blocks()
         if args.kv_cache == "contiguous":
