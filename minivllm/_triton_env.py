@@ -21,15 +21,21 @@ def _cuda_available() -> bool:
 
 
 def configure_triton() -> str:
-    """Set ``TRITON_INTERPRET=1`` when no CUDA device is present. Returns the mode name."""
-    if os.environ.get("TRITON_INTERPRET") != "1" and not _cuda_available():
-        if os.environ.get("TRITON_INTERPRET") not in (None, ""):
+    """Set ``TRITON_INTERPRET=1`` when no CUDA device is present. Returns the mode name.
+
+    An explicit setting is respected (compiling kernels for a GPU on a CPU machine, for
+    example, needs ``TRITON_INTERPRET=0``), with a warning when kernels could not launch.
+    """
+    setting = os.environ.get("TRITON_INTERPRET")
+    if not _cuda_available():
+        if setting is None:
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif setting != "1":
             warnings.warn(
-                f"TRITON_INTERPRET={os.environ['TRITON_INTERPRET']!r} but there is no CUDA device: "
-                "compiled kernels cannot launch here, so minivllm switches the interpreter on",
+                f"TRITON_INTERPRET={setting!r} on a machine without a CUDA device: Triton kernels "
+                "can be compiled but not launched here (unset it to use the interpreter)",
                 stacklevel=2,
             )
-        os.environ["TRITON_INTERPRET"] = "1"
     return triton_mode()
 
 
