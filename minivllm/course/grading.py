@@ -79,6 +79,9 @@ class Report:
             out[r.status] += 1
         return out
 
+    def __repr__(self) -> str:
+        return f"<Report {self.exercise} ({self.source}): {self.num_passed}/{len(self.results)} passed>"
+
     def render(self, verbose: bool = True) -> str:
         """The scoreboard as text: one line per case, details under the ones that failed."""
         lines = [f"{self.exercise}  ({self.source})"]
