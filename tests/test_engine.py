@@ -37,7 +37,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 ENGINE_SETUPS = {
     "ample_memory": dict(),
-    "preemption": dict(num_kv_blocks=26, max_model_len=400, max_num_seqs=32),
+    "preemption": dict(num_kv_blocks=26, max_model_len=400, max_num_batched_tokens=64),
     "chunked_prefill": dict(max_num_batched_tokens=8),
     "static_batching": dict(scheduler="static", max_num_seqs=8),
     "contiguous_kv": dict(kv_cache="contiguous", max_model_len=400, num_kv_blocks=200),

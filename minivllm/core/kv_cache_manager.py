@@ -236,15 +236,17 @@ class KVCacheManager:
             assert [b.block_id for b in blocks] == self.req_to_block_ids[rid], f"block ids of {rid} out of sync"
             for b in blocks:
                 counts[b.block_id] += 1
-        in_queue = {b.block_id for b in self.block_pool.free_queue}
-        assert len(in_queue) == self.block_pool.num_free_blocks, "free queue length mismatch"
-        for b in self.block_pool.blocks:
-            assert b.ref_cnt == counts[b.block_id], (
-                f"block {b.block_id}: ref_cnt {b.ref_cnt} but {counts[b.block_id]} block-table references"
-            )
-            assert (b.ref_cnt == 0) == (b.block_id in in_queue), (
-                f"block {b.block_id}: ref_cnt {b.ref_cnt} but in free queue = {b.block_id in in_queue}"
-            )
+        pool = self.block_pool
+        in_queue = [False] * self.num_blocks
+        for b in pool.free_queue:
+            in_queue[b.block_id] = True
+        assert sum(in_queue) == pool.num_free_blocks, "free queue length mismatch"
+        for b in pool.blocks:
+            if b.ref_cnt != counts[b.block_id] or (b.ref_cnt == 0) != in_queue[b.block_id]:
+                raise AssertionError(
+                    f"block {b.block_id}: ref_cnt {b.ref_cnt}, {counts[b.block_id]} block-table "
+                    f"references, in free queue = {in_queue[b.block_id]}"
+                )
         for value, b in self.block_pool.cached_blocks.items():
             assert b.block_hash is not None and b.block_hash.value == value, (
                 f"hash map points at block {b.block_id} that holds another hash"

@@ -30,7 +30,7 @@ from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
 
-_DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: ~500k tokens of the tiny model
+_DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
 
 
 class _Parent:
@@ -131,9 +131,11 @@ class LLMEngine:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * 0.5)
-        # Enough for every seat to hold a full-length sequence, capped at 1 GiB.
+        # Enough for every seat to hold a full-length sequence, capped at 256 MiB, but always
+        # at least one full-length sequence.
         per_token = self.model_config.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
-        return min(_DEFAULT_CPU_KV_BYTES, per_token * self.max_model_len * self.args.max_num_seqs)
+        wanted = per_token * self.max_model_len * self.args.max_num_seqs
+        return max(min(_DEFAULT_CPU_KV_BYTES, wanted), per_token * self.max_model_len)
 
     # --- requests --------------------------------------------------------------------------
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:

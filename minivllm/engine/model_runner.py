@@ -85,6 +85,7 @@ class ModelRunner:
             return [], None
         return sampling, self.model.compute_logits(hidden[sample_rows]).float()
 
+    @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, fork_children: dict[str, list[Request]] | None = None
     ) -> dict[str, int]:
