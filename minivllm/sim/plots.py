@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg", force=False)  # headless by default; notebooks keep their inline backend
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from minivllm.metrics import EngineStats, StepStats  # noqa: E402
-from minivllm.sim.analysis import decode_only_steps, useful_seqs  # noqa: E402
+from minivllm.metrics import EngineStats, StepStats
+from minivllm.sim.analysis import decode_only_steps, useful_seqs
 
 
 def _runs(stats: EngineStats | Mapping[str, EngineStats]) -> dict[str, EngineStats]:
