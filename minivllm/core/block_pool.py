@@ -170,13 +170,14 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """Register a block whose ``block_size`` tokens are all written."""
-        if block.block_hash is not None:
-            return
-        block.block_hash = block_hash
-        # If identical contents are already cached under another block, keep the first one.
-        self.cached_blocks.setdefault(block_hash.value, block)
+    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash]) -> None:
+        """Register blocks whose ``block_size`` tokens are all written, under their hashes."""
+        cached = self.cached_blocks
+        for block, block_hash in zip(blocks, hashes):
+            if block.block_hash is None:
+                block.block_hash = block_hash
+                # If identical contents are already cached under another block, keep that one.
+                cached.setdefault(block_hash.value, block)
 
     def reset_prefix_cache(self) -> None:
         for block in self.cached_blocks.values():

@@ -19,6 +19,9 @@ from minivllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_bl
 from minivllm.request import Request
 
 
+_NOTHING_NEW: list = []  # returned (never modified) when no block had to be taken
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -66,15 +69,20 @@ class KVCacheManager:
 
     # --- prefix cache --------------------------------------------------------------------
     def block_hashes(self, request: Request) -> list[BlockHash]:
-        """Extend ``request.block_hashes`` to cover every full block of its tokens."""
+        """Extend ``request.block_hashes`` to cover every full block of its tokens.
+
+        Block ``i``'s hash chains block ``i - 1``'s (see :func:`hash_block`); a request's
+        ``cache_salt`` enters the first block's hash, and through the chain every later one.
+        """
         hashes = request.block_hashes
         bs = self.block_size
-        num_full = len(request.all_token_ids) // bs
-        while len(hashes) < num_full:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            extra = (request.cache_salt,) if (i == 0 and request.cache_salt is not None) else None
-            hashes.append(hash_block(parent, request.all_token_ids[i * bs : (i + 1) * bs], extra))
+        tokens = request.all_token_ids
+        num_full = len(tokens) // bs
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_full):
+            salt = (request.cache_salt,) if (i == 0 and request.cache_salt is not None) else None
+            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs], salt)
+            hashes.append(parent)
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
@@ -120,9 +128,10 @@ class KVCacheManager:
             # fast path (most decode steps): the new tokens fit in the blocks already held
             ids = self.req_to_block_ids.get(rid)
             if ids is not None and computed + num_new_tokens + num_lookahead_tokens <= len(ids) * bs:
-                if self.enable_caching and (computed + num_new_tokens) // bs != computed // bs:
-                    self._cache_full_blocks(request, self.req_to_blocks[rid], computed + num_new_tokens)
-                return []
+                end = computed + num_new_tokens
+                if end // bs != computed // bs and self.enable_caching:  # a block just filled up
+                    self._cache_full_blocks(request, self.req_to_blocks[rid], end)
+                return _NOTHING_NEW
         blocks = self.req_to_blocks.get(rid)
         num_have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
         num_computed = computed + len(new_computed_blocks) * bs
@@ -210,8 +219,7 @@ class KVCacheManager:
         if num_full <= start:
             return
         hashes = self.block_hashes(request)
-        for i in range(start, num_full):
-            self.block_pool.cache_full_block(blocks[i], hashes[i])
+        self.block_pool.cache_full_blocks(blocks[start:num_full], hashes[start:num_full])
         self._num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:

@@ -211,7 +211,7 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         chunked = cfg.enable_chunked_prefill
         allocate = self.kv.allocate_slots
-        out_reqs, out_new = out.requests, out.num_new
+        out_reqs, out_new, preempted = out.requests, out.num_new, out.preempted
         running = self.running
         prefill = decode = 0
 
@@ -219,7 +219,7 @@ class Scheduler:
         for req in tuple(running):
             if budget <= 0:
                 break
-            if out.preempted and req.status is not RequestStatus.RUNNING:
+            if preempted and req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step to make room
             computed = req.num_computed_tokens
             num_new = len(req.all_token_ids) - computed
@@ -321,7 +321,8 @@ class Scheduler:
             tokens = req.all_token_ids
             tokens.append(token)
             # cheap test first (a stop token, or the length limit); check_stop has the details
-            if token in req.stop_token_set or len(tokens) >= req.length_limit or len(tokens) >= max_len:
+            n = len(tokens)
+            if token in req.stop_token_set or n >= req.length_limit or n >= max_len:
                 status = req.check_stop(token, max_len)
                 if status is not None:
                     req.status = status
