@@ -80,8 +80,11 @@ def saving(stats) -> tuple[float, float]:
 
 def fork_part(args) -> list[str]:
     rows = ["| workload | KV memory saved (mean over steps) | saved at the peak | vLLM paper |", "|---|---:|---:|---:|"]
-    texts = [f"Once upon a time, a little {a} lived near the {p}." for a, p in zip(ANIMALS, PLACES)]
     llm = LLM(enable_prefix_caching=False)
+    # prompts of ~160 tokens: a shortened system prompt and a story opening
+    head = system_prompt(llm, 150)
+    texts = [head + llm.tokenizer(f" Once upon a time, a little {a} lived near the {p}.",
+                                  add_special_tokens=False).input_ids for a, p in zip(ANIMALS, PLACES)]
     llm.generate(texts, SamplingParams(n=4, temperature=1.0, max_tokens=args.max_tokens, seed=0), use_tqdm=False)
     mean, peak = saving(llm.stats())
     rows.append(f"| parallel sampling n=4 | {mean:.1%} | {peak:.1%} | 6.1-9.8% |")

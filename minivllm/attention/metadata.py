@@ -16,7 +16,7 @@ The new tokens of a sequence occupy its last ``query_len`` positions, so new tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # per-step values a backend derives once and reuses in every layer (e.g. masks)
+    backend_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

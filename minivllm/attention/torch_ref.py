@@ -11,7 +11,6 @@ it stays usable as the CPU default.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
 
@@ -47,6 +46,36 @@ def gather_kv(
     return blocks.reshape(s, nb * bs, h, d)[:, :max_seq_len]
 
 
+def _step_layout(meta: AttentionMetadata, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-step index tensors and the additive attention bias, shared by every layer.
+
+    Returns ``seq_of_token [T]``, ``row_in_seq [T]`` (where each flat token sits in the padded
+    ``[S, max_q]`` layout) and ``bias [S, 1, 1, max_q, max_k]`` (0 where a query may attend,
+    -inf elsewhere).
+    """
+    cached = meta.backend_cache.get("torch_ref")
+    if cached is not None:
+        return cached
+    num_seqs, max_q, max_k = meta.num_seqs, meta.max_query_len, meta.max_seq_len
+    starts = meta.query_start_loc.long()
+    query_lens = starts[1:] - starts[:-1]  # [S]
+    seq_lens = meta.seq_lens.long()
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
+    row_in_seq = torch.arange(int(starts[-1]), device=device) - starts[seq_of_token]
+    # Query row j of sequence s sits at absolute position context_len + j; it may see keys at
+    # positions <= its own (causal) that exist (< seq_len). Slots past a sequence's length
+    # hold stale data from whoever used the block before; they get zero weight (the engine's
+    # caches start zeroed, so stale values are finite and 0 * value is 0).
+    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=device)[None, :]
+    k_pos = torch.arange(max_k, device=device)
+    allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < seq_lens[:, None, None])
+    allowed[:, :, 0] = True  # padding query rows would see no key at all -> NaN; give them key 0
+    bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
+    layout = (seq_of_token, row_in_seq, bias[:, None, None])
+    meta.backend_cache["torch_ref"] = layout
+    return layout
+
+
 def paged_attention_reference(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,
@@ -63,42 +92,27 @@ def paged_attention_reference(
     num_seqs = meta.num_seqs
     if num_tokens == 0 or num_seqs == 0:
         return torch.empty_like(query)
-    device = query.device
-    starts = meta.query_start_loc.long()
-    query_lens = starts[1:] - starts[:-1]  # [S]
-    seq_lens = meta.seq_lens.long()
-    context_lens = seq_lens - query_lens
     max_q, max_k = meta.max_query_len, meta.max_seq_len
+    seq_of_token, row_in_seq, bias = _step_layout(meta, query.device)
 
     # Scatter the flat queries into [S, max_q, H, D] (padding rows stay zero).
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
-    row_in_seq = torch.arange(num_tokens, device=device) - starts[seq_of_token]
     q = query.new_zeros(num_seqs, max_q, num_heads, head_dim)
     q[seq_of_token, row_in_seq] = query
-
-    k = gather_kv(k_cache, meta.block_tables, max_k).to(query.dtype)
+    k = gather_kv(k_cache, meta.block_tables, max_k).to(query.dtype)  # [S, max_k, KVH, D]
     v = gather_kv(v_cache, meta.block_tables, max_k).to(query.dtype)
-    # Slots past a sequence's length may hold anything (even NaN in an uninitialised cache);
-    # a masked score has zero weight, but 0 * NaN is NaN, so clear them.
-    beyond = torch.arange(max_k, device=device)[None, :] >= seq_lens[:, None]  # [S, max_k]
-    if bool(beyond.any()):
-        k = k.masked_fill(beyond[:, :, None, None], 0)
-        v = v.masked_fill(beyond[:, :, None, None], 0)
 
-    # Query row j of sequence s sits at absolute position context_len + j.
-    q_pos = context_lens[:, None] + torch.arange(max_q, device=device)[None, :]  # [S, max_q]
-    k_pos = torch.arange(max_k, device=device)  # [max_k]
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < seq_lens[:, None, None])
-    # Padding query rows would have an all-False mask row -> NaN; give them key 0.
-    mask[:, :, 0] = True
-
+    # Grouped-query attention without copying K/V per query head: the G = H / KVH query heads
+    # that share a KV head are stacked with the query rows, so each (sequence, KV head) pair is
+    # one plain matmul: [G * max_q, D] @ [D, max_k].
     group = num_heads // num_kv_heads
-    q = q.transpose(1, 2)  # [S, H, max_q, D]
-    k = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [S, H, max_k, D]
-    v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale)
-    out = out.transpose(1, 2)  # [S, max_q, H, D]
-    return out[seq_of_token, row_in_seq]
+    q = q.view(num_seqs, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(num_seqs, num_kv_heads, group * max_q, head_dim)
+    scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float() * scale  # [S, KVH, G*max_q, max_k]
+    scores = scores.view(num_seqs, num_kv_heads, group, max_q, max_k) + bias
+    probs = scores.softmax(dim=-1).to(query.dtype).view(num_seqs, num_kv_heads, group * max_q, max_k)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [S, KVH, G*max_q, D]
+    out = out.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(num_seqs, max_q, num_heads, head_dim)[seq_of_token, row_in_seq]
 
 
 class TorchAttentionBackend:
