@@ -91,6 +91,37 @@ def online_softmax_step(
 
 
 @triton.jit
+def load_kv_block(
+    k_cache_ptr, v_cache_ptr, physical_block, kv_head, t, d, kv_mask,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    UPCAST: tl.constexpr,
+):
+    """Load one cache block's K and V for one KV head: ``[BLOCK_SIZE, BLOCK_D]`` each.
+
+    Masked slots (past the sequence, or padded head dims) read as 0: slots nobody owns may
+    hold anything, even NaN from ``torch.empty``, and masking only the scores is not enough
+    since 0 * NaN = NaN.
+    """
+    k = tl.load(
+        k_cache_ptr + physical_block * stride_kb + t[:, None] * stride_kt
+        + kv_head * stride_kh + d[None, :] * stride_kd,
+        mask=kv_mask,
+        other=0.0,
+    )
+    v = tl.load(
+        v_cache_ptr + physical_block * stride_vb + t[:, None] * stride_vt
+        + kv_head * stride_vh + d[None, :] * stride_vd,
+        mask=kv_mask,
+        other=0.0,
+    )
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
 def _paged_decode_kernel(
     out_ptr,  # IS_SPLIT: [num_seqs, num_heads, num_splits, head_dim] fp32, else [num_seqs, num_heads, head_dim]
     lse_ptr,  # IS_SPLIT: [num_seqs, num_heads, num_splits] fp32, else unused
@@ -151,24 +182,14 @@ def _paged_decode_kernel(
         physical_block = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)
         pos = logical_block * BLOCK_SIZE + t  # token positions held by this block
         pos_ok = pos < seq_len
-        # Slots past seq_len belong to no one yet and may hold anything (even NaN from
-        # torch.empty): mask the loads, not only the scores, since 0 * NaN = NaN.
+        # Slots past seq_len belong to no one yet and may hold anything: mask the loads.
         kv_mask = pos_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_cache_ptr + physical_block * stride_kb + t[:, None] * stride_kt
-            + kv_head * stride_kh + d[None, :] * stride_kd,
-            mask=kv_mask,
-            other=0.0,
+        k, v = load_kv_block(
+            k_cache_ptr, v_cache_ptr, physical_block, kv_head, t, d, kv_mask,
+            stride_kb, stride_kt, stride_kh, stride_kd,
+            stride_vb, stride_vt, stride_vh, stride_vd,
+            UPCAST,
         )
-        v = tl.load(
-            v_cache_ptr + physical_block * stride_vb + t[:, None] * stride_vt
-            + kv_head * stride_vh + d[None, :] * stride_vd,
-            mask=kv_mask,
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
         # Every row (padded ones too, their q is 0) sees the block's valid positions, and the
         # first block of a non-empty range always has one, so no row's max stays -inf.
         m, denom, acc = online_softmax_step(q, k, v, pos_ok[None, :], m, denom, acc, scale, DOT_PRECISION)

@@ -29,7 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.attention.triton_decode import _check_paged_inputs, dot_settings, online_softmax_step
+from minivllm.attention.triton_decode import (
+    _check_paged_inputs,
+    dot_settings,
+    load_kv_block,
+    online_softmax_step,
+)
 
 BLOCK_M_TARGET = 64  # query-tile rows (tokens x heads of a group) per program
 
@@ -96,21 +101,12 @@ def _paged_prefill_kernel(
         pos = logical_block * BLOCK_SIZE + t
         pos_ok = pos < seq_len
         kv_mask = pos_ok[:, None] & d_ok[None, :]  # never read unowned slots (may be NaN)
-        k = tl.load(
-            k_cache_ptr + physical_block * stride_kb + t[:, None] * stride_kt
-            + kv_head * stride_kh + d[None, :] * stride_kd,
-            mask=kv_mask,
-            other=0.0,
+        k, v = load_kv_block(
+            k_cache_ptr, v_cache_ptr, physical_block, kv_head, t, d, kv_mask,
+            stride_kb, stride_kt, stride_kh, stride_kd,
+            stride_vb, stride_vt, stride_vh, stride_vd,
+            UPCAST,
         )
-        v = tl.load(
-            v_cache_ptr + physical_block * stride_vb + t[:, None] * stride_vt
-            + kv_head * stride_vh + d[None, :] * stride_vd,
-            mask=kv_mask,
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
         causal = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]  # [BLOCK_M, BLOCK_SIZE]
         m, denom, acc = online_softmax_step(q, k, v, causal, m, denom, acc, scale, DOT_PRECISION)
 

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from minivllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
 from minivllm.request import Request
 
-
 _NOTHING_NEW: list = []  # returned (never modified) when no block had to be taken
 
 
