@@ -37,6 +37,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 ENGINE_SETUPS = {
     "ample_memory": dict(),
+    "no_prefix_caching": dict(enable_prefix_caching=False),
     "preemption": dict(num_kv_blocks=26, max_model_len=400, max_num_batched_tokens=64),
     "chunked_prefill": dict(max_num_batched_tokens=8),
     "static_batching": dict(scheduler="static", max_num_seqs=8),
