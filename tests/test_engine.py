@@ -220,3 +220,14 @@ def test_metrics_are_recorded_per_step_and_per_request():
         assert 0 <= m.ttft <= m.e2e_latency
     summary = st.summary()
     assert summary["output_tokens"] == sum(m.num_output_tokens for m in st.requests.values())
+
+
+def test_detokenizer_cuts_at_the_earliest_stop_string():
+    from minivllm.engine.detokenizer import IncrementalDetokenizer
+
+    llm = LLM()
+    tok = llm.tokenizer
+    ids = tok("The fox ran home. Then the owl sang.", add_special_tokens=False).input_ids
+    detok = IncrementalDetokenizer(tok, [1], SamplingParams(stop=["owl", "ran"]))
+    hit = detok.add_tokens(ids)  # both stop strings arrive in one step: the earlier one wins
+    assert hit == "ran" and detok.text == "The fox "

@@ -44,12 +44,12 @@ class IncrementalDetokenizer:
         if not self.stop:
             return None
         search_from = max(0, old_len - self.max_stop_len + 1)
-        for s in self.stop:
-            at = self.text.find(s, search_from)
-            if at != -1:
-                self.text = self.text[: at + len(s)] if self.include_stop else self.text[:at]
-                return s
-        return None
+        hits = [(at, s) for s in self.stop if (at := self.text.find(s, search_from)) != -1]
+        if not hits:
+            return None
+        at, s = min(hits)  # the stop string that appears first in the text wins
+        self.text = self.text[: at + len(s)] if self.include_stop else self.text[:at]
+        return s
 
     def visible_text(self, finished: bool) -> str:
         """Text safe to show while streaming: hold back a possible stop-string prefix."""
