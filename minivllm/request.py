@@ -39,7 +39,7 @@ _FINISH_REASONS = {
 }
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -59,11 +59,17 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
-    # prefix-caching hashes of this request's full blocks (see minivllm.core.block_hash)
+    # prefix-caching hashes of this request's full blocks (see minivllm.core.block_pool)
     block_hashes: list = field(default_factory=list, repr=False)
+    # derived in __post_init__
+    all_token_ids: list[int] = field(init=False, repr=False)
+    num_prompt_tokens: int = field(init=False)
+    max_tokens: int = field(init=False, repr=False)
+    length_limit: int = field(init=False, repr=False)
+    stop_token_set: set[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.all_token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         params = self.sampling_params
         self.max_tokens = params.max_tokens if params.max_tokens is not None else 1 << 62
