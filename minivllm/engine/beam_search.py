@@ -89,7 +89,7 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams) -> list[Bea
         for g in groups:
             if not g.done and all(b.request_id in pending for b, _ in g.beams):
                 _advance(g, pending, sched, counter, eos, k, keep, params)
-        engine._record_step(out, start, time.perf_counter() - start)
+        engine.stats.record_step(sched, out, start, time.perf_counter() - start)
         if engine.args.debug_checks:
             engine.check_invariants()
     return [

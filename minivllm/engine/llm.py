@@ -36,18 +36,18 @@ class LLM:
             raise ValueError(
                 f"got {len(prompts)} prompts but {len(params)} sampling params and {len(prios)} priorities"
             )
-        # Validate everything first, so a bad prompt queues nothing.
+        # Tokenize and validate everything first, so a bad prompt queues nothing.
+        tokenized = []
         for p, sp in zip(prompts, params, strict=True):
-            self._validate(p, sp)
+            if sp is not None and not isinstance(sp, SamplingParams):
+                raise TypeError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
+            text, ids = self.engine.tokenize(p)
+            self.engine.check_prompt(ids)
+            tokenized.append({"prompt": text, "prompt_token_ids": ids})
         return [
             self.engine.add_request(None, p, sp, priority=pr)
-            for p, sp, pr in zip(prompts, params, prios, strict=True)
+            for p, sp, pr in zip(tokenized, params, prios, strict=True)
         ]
-
-    def _validate(self, prompt, params) -> None:
-        self.engine.check_prompt(self.engine.tokenize(prompt)[1])
-        if params is not None and not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
 
     def generate(
         self,

@@ -269,7 +269,7 @@ class LLMEngine:
             touched.append(req)
         for req in finished:
             self._stamp_finish(req, now)
-        self._record_step(sched_out, start, time.perf_counter() - start)
+        self.stats.record_step(self.scheduler, sched_out, start, time.perf_counter() - start)
         if self.args.debug_checks:
             self.check_invariants()
         return self._make_outputs(touched)
@@ -277,9 +277,6 @@ class LLMEngine:
     def _stamp_finish(self, req: Request, now: float) -> None:
         self.stats.record_finish(req, now)
         self.sampler.forget(req.request_id)
-
-    def _record_step(self, out, start: float, duration: float) -> None:
-        self.stats.record_step(self.scheduler, out, start, duration)
 
     def check_invariants(self) -> None:
         self.kv.check_invariants(self.scheduler.live_request_ids())
