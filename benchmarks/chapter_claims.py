@@ -399,6 +399,7 @@ def claim_prefix_sharing(cfg: Config, rep: Report) -> None:
             hits, num_hit = kv.get_computed_blocks(req)
             assert kv.allocate_slots(req, req.num_tokens - num_hit, hits) is not None
             req.num_computed_tokens = req.num_tokens
+            kv.commit_written_blocks()  # its prefill ran: the blocks hold K/V now
         used[caching] = kv.num_used_blocks
     saved_blocks = used[False] - used[True]
     m = preset("llama-3-70b")

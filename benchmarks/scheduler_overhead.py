@@ -51,10 +51,11 @@ def run_once(n: int, block_size: int, seed: int, prefix_caching: bool) -> tuple[
         t0 = clock()
         out = sched.schedule()
         t1 = clock()
-        # the fake model runner (not timed): token 7 for every request whose prompt is done
-        sampled = {r.request_id: 7 for r in out.requests if r.num_computed_tokens == len(r.all_token_ids)}
+        # the fake model runner (not timed): token 7 for every request that samples
+        sampled = {r.request_id: 7 for r, s in zip(out.requests, out.sample) if s}
         t2 = clock()
-        sched.update_from_output(out, sampled)
+        kv.commit_written_blocks()
+        sched.update_from_output(sampled)
         elapsed += (t1 - t0) + (clock() - t2)
         decode_tokens += len(sampled)
         steps += 1

@@ -1,15 +1,75 @@
-"""Engine arguments: every keyword ``LLM(model, ...)`` accepts, with checks that name the limit."""
+"""Engine arguments: every keyword ``LLM(model, ...)`` accepts, checked at the door.
+
+Pure Python (no torch): the simulator shares these arguments and the functions below that turn
+them into a KV cache manager and a scheduler, so the engine and the simulator build exactly the
+same objects from the same arguments.
+
+The three plug-in points take a name *or* an object that implements the protocol
+(``minivllm.core.interfaces``, ``minivllm.attention``):
+
+* ``kv_cache="paged" | "contiguous" | <KVCacheManager instance>``
+* ``scheduler="continuous" | "static" | <Scheduler instance> | <factory(config, kv) -> Scheduler>``
+* ``attention_backend="auto" | "torch" | "torch_padded" | "triton" | <backend instance>``
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from minivllm.attention import ATTENTION_BACKENDS
-from minivllm.core.scheduler import SCHEDULING_POLICIES
+from minivllm.core.interfaces import KVCacheManager, Scheduler, check_implements
+from minivllm.core.scheduler import SCHEDULING_POLICIES, SchedulerConfig
 
 SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
+ATTENTION_BACKENDS = ("auto", "torch", "torch_padded", "triton")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_TOKEN_BUDGET = 2048
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> None:
+    """``TypeError``/``ValueError`` naming ``name`` unless ``value`` is an int >= ``minimum``."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {name}={value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+
+
+def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {name}={value!r} ({type(value).__name__})")
+
+
+def check_real(name: str, value: Any, minimum: float | None = None) -> None:
+    """A finite real number (not a bool), optionally >= ``minimum``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {name}={value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {name}={value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+
+
+def _check_choice(
+    name: str, value: Any, names: tuple[str, ...], protocol: type | None, factory_ok: bool = False
+) -> None:
+    """A name from ``names``, or an instance implementing ``protocol`` (or, with
+    ``factory_ok``, a class or function that returns one)."""
+    if isinstance(value, str):
+        if value not in names:
+            raise ValueError(f"{name}={value!r} is not one of {names}")
+    elif callable(value) and (factory_ok or isinstance(value, type)):
+        if not factory_ok:
+            raise TypeError(f"{name} takes an instance, not the class {value.__name__}: call it first")
+    elif protocol is not None:
+        check_implements(value, protocol, name)
 
 
 @dataclass
@@ -18,18 +78,20 @@ class EngineArgs:
     num_kv_blocks: int | None = None  # explicit pool size; else derived from kv_cache_memory
     kv_cache_memory: int | None = None  # bytes for K and V of all layers; default: see engine
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default: max(2048, max_model_len) unchunked
+    max_num_batched_tokens: int | None = None  # default: 2048, at least max_model_len unchunked
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    scheduler: str = "continuous"
-    kv_cache: str = "paged"
-    attention_backend: str = "auto"
+    enable_prefix_caching: bool | None = None  # default: on for the paged cache, else off
+    scheduler: Any = "continuous"
+    kv_cache: Any = "paged"
+    attention_backend: Any = "auto"
     dtype: str = "auto"
     device: str | None = None
     seed: int | None = 0
     scheduling_policy: str = "fcfs"
-    debug_checks: bool = False  # verify block-table/ref-count invariants after every step
+    tokenizer: str | None = None  # tokenizer directory if not the model's own
+    skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts in, token ids out
+    debug_checks: bool = False  # check KV invariants and every K/V read after each step
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -40,19 +102,107 @@ class EngineArgs:
         return cls(**kwargs)
 
     def __post_init__(self) -> None:
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        check_int("block_size", self.block_size)
+        if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be a power of two from 1 to 256, got {self.block_size}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler={self.scheduler!r} is not one of {SCHEDULERS}")
-        if self.kv_cache not in KV_CACHES:
-            raise ValueError(f"kv_cache={self.kv_cache!r} is not one of {KV_CACHES}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
+        check_int("num_kv_blocks", self.num_kv_blocks, 1, allow_none=True)
+        check_int("kv_cache_memory", self.kv_cache_memory, 1, allow_none=True)
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, allow_none=True)
+        # a request needs one prompt token and room to generate one token
+        check_int("max_model_len", self.max_model_len, 2, allow_none=True)
+        check_int("seed", self.seed, 0, allow_none=True)
+        for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks"):
+            check_bool(name, getattr(self, name))
+        check_bool("enable_prefix_caching", self.enable_prefix_caching, allow_none=True)
+        _check_choice("scheduler", self.scheduler, SCHEDULERS, Scheduler, factory_ok=True)
+        _check_choice("kv_cache", self.kv_cache, KV_CACHES, KVCacheManager)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS, None)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy={self.scheduling_policy!r} is not one of {SCHEDULING_POLICIES}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        self._check_conflicts()
+
+    def _check_conflicts(self) -> None:
+        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError(
+                f"give num_kv_blocks={self.num_kv_blocks} or kv_cache_memory={self.kv_cache_memory}, "
+                "not both: each one sets the size of the KV pool"
+            )
+        if self.enable_prefix_caching:
+            if self.kv_cache == "contiguous":
+                raise ValueError(
+                    "enable_prefix_caching=True needs kv_cache='paged': the contiguous baseline "
+                    "reserves one private region per request and cannot share blocks"
+                )
+            if self.scheduler == "static":
+                raise ValueError(
+                    "enable_prefix_caching=True does not combine with scheduler='static': the "
+                    "static baseline reserves each request's worst case up front and never reuses blocks"
+                )
+
+    # --- derived settings --------------------------------------------------------------------
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the built-in paged cache should cache prefixes (``None`` means: when it can)."""
+        if self.enable_prefix_caching is not None:
+            return self.enable_prefix_caching
+        return self.kv_cache == "paged" and self.scheduler != "static"
+
+    def token_budget(self, max_model_len: int) -> int:
+        """``max_num_batched_tokens``, or the default: 2048 tokens per step, and without chunked
+        prefill at least ``max_model_len`` (a whole prompt must fit in one step)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if self.enable_chunked_prefill:
+            return DEFAULT_TOKEN_BUDGET
+        return max(DEFAULT_TOKEN_BUDGET, max_model_len)
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.token_budget(max_model_len),
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
+        )
+
+
+def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> Scheduler:
+    """The scheduler (with its KV cache manager) that ``args`` describe.
+
+    ``num_blocks()`` sizes a built-in KV pool; it is not called when ``args`` bring their own
+    manager (``kv_cache=<instance>``, or a scheduler instance that holds one).
+    """
+    sched_cfg = args.scheduler_config(max_model_len)
+    if not isinstance(args.scheduler, str) and not callable(args.scheduler):  # an instance
+        if not isinstance(args.kv_cache, str) and args.kv_cache is not args.scheduler.kv:
+            raise ValueError("kv_cache= and scheduler= were given different KV cache managers")
+        check_implements(args.scheduler.kv, KVCacheManager, "scheduler.kv")
+        return args.scheduler
+    kv = build_kv_cache_manager(args, max_model_len, num_blocks)
+    if callable(args.scheduler) and not isinstance(args.scheduler, str):
+        scheduler = args.scheduler(sched_cfg, kv)
+        check_implements(scheduler, Scheduler, "scheduler")
+        return scheduler
+    from minivllm.core.scheduler import Scheduler as ContinuousScheduler
+    from minivllm.core.static_scheduler import StaticBatchScheduler
+
+    cls = StaticBatchScheduler if args.scheduler == "static" else ContinuousScheduler
+    return cls(sched_cfg, kv)
+
+
+def build_kv_cache_manager(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]):
+    if not isinstance(args.kv_cache, str):
+        kv = args.kv_cache
+        if kv.block_size != args.block_size:
+            raise ValueError(
+                f"the kv_cache instance has block_size={kv.block_size} but block_size="
+                f"{args.block_size}; give the same block size to both"
+            )
+        return kv
+    from minivllm.core.contiguous_kv import ContiguousKVCacheManager
+    from minivllm.core.kv_cache_manager import KVCacheManager as PagedKVCacheManager
+
+    if args.kv_cache == "contiguous":
+        return ContiguousKVCacheManager(num_blocks(), args.block_size, max_model_len)
+    return PagedKVCacheManager(num_blocks(), args.block_size, args.prefix_caching)

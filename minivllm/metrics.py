@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 
 from minivllm.outputs import RequestMetrics
 
@@ -40,19 +41,80 @@ class StepStats:
         return self.num_prefill_tokens + self.num_decode_tokens + self.num_padding_tokens
 
 
-@dataclass
 class EngineStats:
-    steps: list[StepStats] = field(default_factory=list)
-    requests: dict[str, RequestMetrics] = field(default_factory=dict)
-    prefix_hit_rate: float = 0.0
-    prefill_tokens_skipped: int = 0  # prefix-cache hits + prompts shared by forking
+    """Statistics of an engine (or a simulator) run: per-step and per-request.
 
+    ``steps`` keeps (at least) the most recent ``window`` steps and ``requests`` every live
+    request plus the most recent ``window`` finished ones, so a long-running server uses bounded memory
+    (``window=None`` keeps everything). :meth:`summary` reads running totals, so it covers the
+    whole run whatever the window.
+    """
+
+    def __init__(self, window: int | None = 100_000, steps: list[StepStats] | None = None):
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 or None, got {window}")
+        self.window = window
+        self.reset()
+        for step in steps or ():  # statistics assembled by hand (tests, notebooks)
+            self.add_step(step)
+
+    def reset(self) -> None:
+        """Forget everything recorded so far (live requests keep their metrics)."""
+        live = {rid: m for rid, m in getattr(self, "requests", {}).items() if m.finished_time is None}
+        self.steps: list[StepStats] = []
+        self.requests: dict[str, RequestMetrics] = live
+        self._finished_order: deque[str] = deque()
+        self.prefix_hit_rate = 0.0
+        self.prefill_tokens_skipped = 0  # prefix-cache hits + prompts shared by forking
+        self.num_steps = 0
+        self._totals = dict.fromkeys(_STEP_TOTALS, 0)
+        self._peaks = dict.fromkeys(("kv_blocks_used", "kv_blocks_saved_by_sharing"), 0)
+        self._req_totals = dict.fromkeys(("output_tokens", "ttft", "n_ttft", "tpot", "n_tpot", "e2e", "n_e2e"), 0.0)
+
+    # --- requests --------------------------------------------------------------------------
+    def add_request(self, request_id: str, arrival_time: float) -> RequestMetrics:
+        metrics = self.requests[request_id] = RequestMetrics(arrival_time=arrival_time)
+        return metrics
+
+    def record_scheduled(self, request_id: str, now: float) -> None:
+        m = self.requests.get(request_id)
+        if m is not None and m.first_scheduled_time is None:
+            m.first_scheduled_time = now
+
+    def record_first_token(self, request_id: str, now: float) -> None:
+        m = self.requests.get(request_id)
+        if m is not None and m.first_token_time is None:
+            m.first_token_time = now
+            self._req_totals["ttft"] += now - m.arrival_time
+            self._req_totals["n_ttft"] += 1
+
+    def record_finish(self, request, now: float) -> None:
+        """Stamp a finished request's end time and final counts."""
+        request.finished_time = now
+        m = self.requests.get(request.request_id)
+        if m is None or m.finished_time is not None:
+            return
+        m.finished_time = now
+        m.num_output_tokens = request.num_output_tokens
+        m.num_preemptions = request.num_preemptions
+        t = self._req_totals
+        t["output_tokens"] += m.num_output_tokens
+        for key, value in (("tpot", m.tpot), ("e2e", m.e2e_latency)):
+            if value is not None:
+                t[key] += value
+                t["n_" + key] += 1
+        self._finished_order.append(request.request_id)
+        if self.window is not None:
+            while len(self._finished_order) > self.window:
+                self.requests.pop(self._finished_order.popleft(), None)
+
+    # --- steps -----------------------------------------------------------------------------
     def record_step(self, scheduler, out, start: float, duration: float) -> StepStats:
-        """Append what one step did (``out``: its ``SchedulerOutput``), read off the scheduler
-        and its KV manager right after the step. The engine and the simulator both call this."""
+        """Record what one step did (``out``: its ``SchedulerOutput``), read off the scheduler
+        and its KV manager right after the step."""
         kv = scheduler.kv
         stats = StepStats(
-            step=len(self.steps),
+            step=self.num_steps,
             start_time=start,
             duration=duration,
             num_running=len(scheduler.running),
@@ -69,50 +131,59 @@ class EngineStats:
             kv_blocks_referenced=kv.num_referenced_blocks,
             num_cow_copies=len(out.blocks_to_copy),
         )
-        self.steps.append(stats)
+        self.add_step(stats)
         return stats
 
-    def record_finish(self, request, now: float) -> None:
-        """Stamp a finished request's end time and final counts."""
-        request.finished_time = now
-        m = self.requests[request.request_id]
-        m.finished_time = now
-        m.num_output_tokens = request.num_output_tokens
-        m.num_preemptions = request.num_preemptions
+    def add_step(self, stats: StepStats) -> None:
+        """Keep one step's figures and add them to the running totals."""
+        steps = self.steps
+        steps.append(stats)
+        if self.window is not None and len(steps) >= 2 * self.window:
+            del steps[: len(steps) - self.window]  # trim in batches: amortised O(1) per step
+        self.num_steps += 1
+        totals = self._totals
+        for name in _STEP_TOTALS:
+            totals[name] += getattr(stats, name)
+        peaks = self._peaks
+        peaks["kv_blocks_used"] = max(peaks["kv_blocks_used"], stats.kv_blocks_used)
+        saved = stats.kv_blocks_saved_by_sharing
+        peaks["kv_blocks_saved_by_sharing"] = max(peaks["kv_blocks_saved_by_sharing"], saved)
 
     def column(self, name: str) -> list:
-        """One field of every step, for plotting: ``stats.column("num_running")``."""
+        """One field of every kept step, for plotting: ``stats.column("num_running")``."""
         return [getattr(s, name) for s in self.steps]
 
     def summary(self) -> dict[str, float]:
-        steps = self.steps
-        total_time = sum(s.duration for s in steps)
-        decode = sum(s.num_decode_tokens for s in steps)
-        prefill = sum(s.num_prefill_tokens for s in steps)
-        padding = sum(s.num_padding_tokens for s in steps)
-        reserved = sum(s.slots_reserved for s in steps)
-        stored = sum(s.tokens_stored for s in steps)
-        out_tokens = sum(m.num_output_tokens for m in self.requests.values())
-        ttfts = [m.ttft for m in self.requests.values() if m.ttft is not None]
-        tpots = [m.tpot for m in self.requests.values() if m.tpot is not None]
-        e2e = [m.e2e_latency for m in self.requests.values() if m.e2e_latency is not None]
-        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        """Totals and means over the whole run."""
+        t, r = self._totals, self._req_totals
+        total_time = t["duration"]
+        out_tokens = int(r["output_tokens"])
+        nan = float("nan")
         return {
-            "num_steps": len(steps),
+            "num_steps": self.num_steps,
             "total_time_s": total_time,
             "output_tokens": out_tokens,
-            "output_tokens_per_s": out_tokens / total_time if total_time else float("nan"),
-            "prefill_tokens": prefill,
-            "decode_tokens": decode,
-            "padding_tokens": padding,
-            "mean_batch_seqs": mean([s.num_batched_seqs for s in steps]),
-            "mean_kv_utilization": stored / reserved if reserved else float("nan"),
-            "preemptions": sum(s.num_preemptions for s in steps),
-            "mean_ttft_s": mean(ttfts),
-            "mean_tpot_s": mean(tpots),
-            "mean_e2e_s": mean(e2e),
+            "output_tokens_per_s": out_tokens / total_time if total_time else nan,
+            "prefill_tokens": t["num_prefill_tokens"],
+            "decode_tokens": t["num_decode_tokens"],
+            "padding_tokens": t["num_padding_tokens"],
+            "mean_batch_seqs": t["num_batched_seqs"] / self.num_steps if self.num_steps else nan,
+            "mean_kv_utilization": (
+                t["tokens_stored"] / t["slots_reserved"] if t["slots_reserved"] else nan
+            ),
+            "preemptions": t["num_preemptions"],
+            "mean_ttft_s": r["ttft"] / r["n_ttft"] if r["n_ttft"] else nan,
+            "mean_tpot_s": r["tpot"] / r["n_tpot"] if r["n_tpot"] else nan,
+            "mean_e2e_s": r["e2e"] / r["n_e2e"] if r["n_e2e"] else nan,
             "prefix_hit_rate": self.prefix_hit_rate,
             "prefill_tokens_skipped": self.prefill_tokens_skipped,
-            "peak_kv_blocks_used": max((s.kv_blocks_used for s in steps), default=0),
-            "peak_kv_blocks_saved_by_sharing": max((s.kv_blocks_saved_by_sharing for s in steps), default=0),
+            "peak_kv_blocks_used": self._peaks["kv_blocks_used"],
+            "peak_kv_blocks_saved_by_sharing": self._peaks["kv_blocks_saved_by_sharing"],
         }
+
+
+# StepStats fields summed over the run for EngineStats.summary()
+_STEP_TOTALS = (
+    "duration", "num_prefill_tokens", "num_decode_tokens", "num_padding_tokens", "tokens_stored",
+    "slots_reserved", "num_preemptions", "num_batched_seqs",
+)

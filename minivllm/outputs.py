@@ -6,13 +6,29 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's ``Logprob``): ``rank`` 1 is the
+    most likely token."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# per position: {token id: Logprob} holding the chosen token and the requested top tokens
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
-    cumulative_logprob: float | None = None
+    cumulative_logprob: float | None = None  # with SamplingParams(logprobs=k)
+    logprobs: list[PositionLogprobs] | None = None  # one entry per token, with logprobs=k
+    error: str | None = None  # why the request failed, when finish_reason == "error"
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -59,3 +75,5 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    # with SamplingParams(prompt_logprobs=k): one entry per prompt token (None for the first)
+    prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)

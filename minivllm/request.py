@@ -22,6 +22,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
 
     @property
     def is_finished(self) -> bool:
@@ -36,6 +37,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -94,11 +96,6 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status >= RequestStatus.FINISHED_STOPPED
-
-    def append_token(self, token_id: int, max_model_len: int | None = None) -> RequestStatus | None:
-        """Add a sampled token; return the finished status if it ends the request."""
-        self.all_token_ids.append(token_id)
-        return self.check_stop(token_id, max_model_len)
 
     def check_stop(self, last_token: int, max_model_len: int | None = None) -> RequestStatus | None:
         """Stop rules, checked after ``last_token`` was appended: a stop token (once

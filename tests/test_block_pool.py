@@ -33,11 +33,12 @@ def test_free_queue_order_and_refcounts():
 def test_allocate_grows_by_whole_blocks_and_fails_without_side_effects():
     kv = KVCacheManager(num_blocks=4, block_size=4, enable_caching=False)
     r = req("a", list(range(10)))
-    assert len(kv.allocate_slots(r, 10)) == 3  # ceil(10 / 4)
+    table = kv.allocate_slots(r, 10)
+    assert table == [0, 1, 2]  # ceil(10 / 4) blocks, taken from the front of the free queue
     r.num_computed_tokens = 10
-    assert kv.allocate_slots(r, 2) == []  # slots 10, 11 fit in block 3
+    assert kv.allocate_slots(r, 2) == [0, 1, 2]  # slots 10, 11 fit in block 2
     r.num_computed_tokens = 12
-    assert len(kv.allocate_slots(r, 1)) == 1
+    assert len(kv.allocate_slots(r, 1)) == 4  # a 4th block for slot 12
     r.num_computed_tokens = 13
     before = (kv.num_free_blocks, list(kv.get_block_ids("a")))
     assert kv.allocate_slots(r, 4) is None  # would need a 5th block
@@ -52,6 +53,8 @@ def test_prefix_hit_never_covers_the_whole_prompt():
     a = req("a", list(range(8)))
     kv.allocate_slots(a, 8)
     a.num_computed_tokens = 8
+    assert kv.get_computed_blocks(req("x", list(range(8))))[1] == 0  # not written yet
+    kv.commit_written_blocks()  # the step ran: a's blocks hold K/V and may be shared
     b = req("b", list(range(8)))  # identical 2-block prompt
     blocks, n = kv.get_computed_blocks(b)
     assert n == 4 and len(blocks) == 1  # the last block is recomputed, so its last token has logits
@@ -96,6 +99,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert self.kv.num_free_blocks == free_before
             return
         r.num_computed_tokens = r.num_tokens
+        self.kv.commit_written_blocks()
         self.live[r.request_id] = r
 
     @precondition(lambda self: self.live)
@@ -106,6 +110,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         r.all_token_ids.extend([5] * k)  # tokens exist (sampled) before their slots are asked for
         if self.kv.allocate_slots(r, k) is not None:
             r.num_computed_tokens += k
+            self.kv.commit_written_blocks()
         else:
             del r.all_token_ids[-k:]
 

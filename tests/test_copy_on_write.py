@@ -21,8 +21,10 @@ def _kv_of(engine, rid: str, n: int) -> list[torch.Tensor]:
 
 
 def _run_steps(engine, steps: int) -> None:
+    """Schedule and run forward passes (no sampling: the test appends the tokens itself)."""
     for _ in range(steps):
-        engine.runner.compute_logits(engine.scheduler.schedule())
+        engine.runner.forward(engine.scheduler.schedule())
+        engine.kv.commit_written_blocks()
 
 
 def test_forked_children_match_unshared_runs(random_checkpoints):

@@ -18,10 +18,12 @@ def req(rid, tokens, salt=None):
 
 
 def admit(sched: Scheduler, r: Request):
-    """Schedule one step in which ``r`` is admitted (all of its prompt)."""
+    """Schedule one step in which ``r`` is admitted (all of its prompt), and let it run: the
+    blocks it filled now hold K/V, so they join the prefix cache."""
     sched.add_request(r)
     out = sched.schedule()
     assert r in out.requests, "request was not admitted"
+    sched.kv.commit_written_blocks()
     return out
 
 

@@ -45,12 +45,18 @@ def test_rows_keep_their_own_settings():
     assert int((~torch.isinf(out[0])).sum()) == 3 and not torch.isinf(out[1]).any()
 
 
+def _draw(sampler, logits, reqs):
+    tokens, failed = sampler(logits, reqs)
+    assert not failed
+    return tokens
+
+
 def test_greedy_rows_take_the_argmax_and_seeded_rows_are_reproducible():
     logits = torch.randn(3, 64)
     reqs = [_req("g", temperature=0), _req("s", temperature=1.0, seed=3), _req("u", temperature=1.0)]
-    a = Sampler()(logits, reqs)
+    a = _draw(Sampler(), logits, reqs)
     assert a[0] == int(logits[0].argmax())
-    draws_1 = [Sampler()(logits[1:2], [_req("s", temperature=1.0, seed=3)])[0] for _ in range(3)]
+    draws_1 = [_draw(Sampler(), logits[1:2], [_req("s", temperature=1.0, seed=3)])[0] for _ in range(3)]
     assert len(set(draws_1)) == 1 and draws_1[0] == a[1]
 
 
@@ -59,12 +65,15 @@ def test_seeded_stream_does_not_depend_on_neighbours():
     rows = [torch.randn(64) for _ in range(20)]
     solo_sampler, crowd_sampler = Sampler(), Sampler(seed=5)
     me = _req("me", temperature=1.0, seed=11)
-    solo = [solo_sampler(r[None], [me])[0] for r in rows]
+    solo = [_draw(solo_sampler, r[None], [me])[0] for r in rows]
     crowd = []
-    for r in rows:
+    for k, r in enumerate(rows):
         noise = torch.randn(2, 64)
         batch = torch.stack([noise[0], r, noise[1]])
-        crowd.append(crowd_sampler(batch, [_req("x", temperature=1.0), me, _req("y", temperature=0.5, seed=2)])[1])
+        others = [_req("x", temperature=1.0), _req("y", temperature=0.5, seed=2)]
+        reqs = [others[0], me, others[1]] if k % 2 else [others[1], others[0], me]
+        batch = batch if k % 2 else torch.stack([noise[1], noise[0], r])
+        crowd.append(_draw(crowd_sampler, batch, reqs)[reqs.index(me)])
     assert solo == crowd
 
 
@@ -72,6 +81,60 @@ def test_min_tokens_blocks_stop_tokens():
     logits = torch.zeros(1, 10)
     logits[0, 2] = 100.0  # EOS would win
     r = Request("m", [1], SamplingParams(temperature=0, min_tokens=3, max_tokens=5), eos_token_ids=(2,))
-    assert Sampler()(logits.clone(), [r])[0] != 2
+    assert _draw(Sampler(), logits.clone(), [r])[0] != 2
     r.all_token_ids += [5, 5, 5]
-    assert Sampler()(logits.clone(), [r])[0] == 2
+    assert _draw(Sampler(), logits.clone(), [r])[0] == 2
+
+
+def test_draws_follow_the_filtered_distribution():
+    """The exponential race samples exactly softmax(logits / T) after top-k / top-p."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -30.0]])
+    sampler = Sampler(seed=0)
+    for params in ({"temperature": 0.7}, {"temperature": 1.3, "top_k": 3}, {"temperature": 1.0, "top_p": 0.8}):
+        req = _req("d", **params)
+        want = sampler.filter_logits(logits.clone(), [req]).softmax(-1)[0]
+        n = 20_000
+        counts = torch.zeros(6)
+        for tok in _draw(sampler, logits.expand(n, 6).clone(), [req] * n):
+            counts[tok] += 1
+        freq = counts / n
+        # 5 standard errors at n=20,000 is at most 0.018; impossible tokens are never drawn
+        assert torch.all((freq - want).abs() <= 5 * (want * (1 - want) / n).sqrt() + 1e-9), (params, freq, want)
+
+
+def test_unusable_rows_fail_alone():
+    logits = torch.randn(4, 16)
+    logits[1, 3] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, 0] = float("inf")
+    reqs = [_req(str(i), temperature=t) for i, t in enumerate((0.0, 0.0, 1.0, 1.0))]
+    tokens, failed = Sampler(seed=1)(logits, reqs)
+    assert sorted(failed) == [1, 2, 3] and "non-finite" in failed[1]
+    assert tokens[0] == int(logits[0].argmax())
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampling_runs_where_the_logits_are(device):
+    """Every parameter tensor is built on the logits' device; seeded draws agree across
+    batch compositions on that device."""
+    logits = torch.randn(4, 32, device=device)
+    reqs = [
+        _req("a", temperature=0.0), _req("b", temperature=0.8, top_k=5, seed=7),
+        _req("c", temperature=1.2, top_p=0.5), _req("d", temperature=1.0, top_k=3, top_p=0.9, min_tokens=2),
+    ]
+    tokens = _draw(Sampler(seed=0), logits, reqs)
+    assert len(tokens) == 4 and all(0 <= t < 32 for t in tokens)
+    again = _draw(Sampler(), logits[1:2], [_req("b", temperature=0.8, top_k=5, seed=7)])
+    assert again[0] == tokens[1]
+
+
+def test_filters_build_nothing_on_another_device():
+    """On the meta device a CPU tensor meeting the logits would raise: the filters must not
+    create one."""
+    logits = torch.empty(3, 50, device="meta")
+    reqs = [_req(str(i), temperature=0.5 + i, top_k=4, top_p=0.9) for i in range(3)]
+    out = Sampler().filter_logits(logits, reqs)
+    assert out.device.type == "meta" and out.shape == (3, 50)

@@ -28,7 +28,7 @@ def add(s, rid, n_prompt, max_tokens=8, priority=0, t=0.0):
 
 def step(s):
     out = s.schedule()
-    s.update_from_output(out, {x.request.request_id: 5 for x in out.scheduled if x.sample})
+    s.update_from_output({r.request_id: 5 for r in out.sampling_requests})
     s.kv.check_invariants(s.live_request_ids())
     return out
 

@@ -75,7 +75,7 @@ def _scheduled(out: SchedulerOutput, n_tokens: int, cached: int, new: int, pad: 
     ``num_computed_tokens`` past this step's tokens before the step runs."""
     req = Request(f"r{len(out.requests)}", list(range(1, n_tokens + 1)))
     req.num_computed_tokens = cached + new
-    out.add(req, new, pad)
+    out.add(req, cached, new, [], pad)
     return req
 
 

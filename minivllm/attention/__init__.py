@@ -11,6 +11,9 @@ causal attention of the new tokens over everything cached for their sequence.
 
 from __future__ import annotations
 
+# Must run before any kernel module of this package defines a Triton kernel: it picks compiled
+# or interpreted Triton (see minivllm/_triton_env.py).
+import minivllm._triton_env  # noqa: F401, I001
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_ref import TorchAttentionBackend
 

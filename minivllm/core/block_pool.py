@@ -16,13 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+MAX_BLOCKS = 1 << 24  # 16.7M blocks: 268M tokens at block_size 16, more than any GPU holds
+
 
 class BlockHash:
     """Identity of a full block's contents *and everything before it*.
 
-    ``value`` chains the parent block's value, so equal values mean equal prefixes; the token
-    ids and extra keys are kept too, so a dictionary lookup also compares them exactly (a
-    64-bit collision cannot make two different blocks look equal). The hash is computed once.
+    ``value`` is a 64-bit hash of the parent block's value, this block's tokens and extra keys,
+    so equal values mean equal prefixes, unless two chains collide in 64 bits somewhere. The
+    block's own token ids and extra keys are kept too, and a lookup compares them exactly; the
+    prefix *before* the block is trusted to its parent's value (as in vLLM). The hash is
+    computed once.
     """
 
     __slots__ = ("value", "token_ids", "extra_keys")
@@ -112,6 +116,12 @@ class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if num_blocks > MAX_BLOCKS:
+            raise ValueError(
+                f"num_blocks={num_blocks} is more than {MAX_BLOCKS} blocks: the pool keeps one Python "
+                f"object per block (~{num_blocks * 100 / 2**30:.0f} GiB of bookkeeping); use a larger "
+                "block_size or a smaller pool"
+            )
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]

@@ -3,8 +3,8 @@
 This is how a server without paging must work: it cannot know how long a response will be, so
 it sets aside room for the longest possible sequence, as one contiguous region. The pool is cut
 into ``num_blocks // blocks_per_seq`` regions; a request takes a whole region at admission and
-gives it back when it ends. Same interface as :class:`KVCacheManager`, so the scheduler and
-the attention kernels work unchanged (a region is just a block table of consecutive ids), and
+gives it back when it ends. Same interface as :class:`KVCacheManager` (minus forking: a private region cannot be shared),
+so the scheduler and the attention kernels work unchanged (a region is just a block table of consecutive ids), and
 utilisation and batch size can be compared on equal memory.
 """
 
@@ -18,7 +18,6 @@ from minivllm.request import Request
 
 
 class ContiguousKVCacheManager:
-    kind = "contiguous"
     enable_caching = False
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
@@ -65,7 +64,7 @@ class ContiguousKVCacheManager:
         if request.num_computed_tokens + num_new_tokens > self.max_model_len:
             return None
         if rid in self.req_to_region:
-            return []
+            return self.req_to_block_ids[rid]
         if not self._free_regions:
             return None
         region = self._free_regions.popleft()
@@ -83,18 +82,15 @@ class ContiguousKVCacheManager:
     def reset_prefix_cache(self) -> None:
         pass
 
-    def take_pending_copies(self) -> list[tuple[int, int]]:
-        return []
+    def commit_written_blocks(self) -> None:
+        pass  # no prefix cache
+
+    def discard_unwritten_blocks(self) -> None:
+        pass
 
     @property
     def num_referenced_blocks(self) -> int:
         return self.num_used_blocks
-
-    def fork(self, parent: Request, child: Request) -> None:
-        raise NotImplementedError(
-            "the contiguous KV baseline cannot share memory between requests: forking "
-            "(parallel sampling with n > 1, beam search) needs kv_cache='paged'"
-        )
 
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
         regions = list(self.req_to_region.values())

@@ -6,9 +6,12 @@ ever owns ``ceil(tokens / block_size)`` blocks, so at most ``block_size - 1`` sl
 are reserved but empty: that is why paging wastes almost nothing.
 
 With prefix caching, every *full* block is registered under a hash of its tokens chained with
-the hash of the block before it. A new request looks up its prompt's block hashes in order and
-reuses the longest run of hits (never the whole prompt: the last prompt token must be computed
-so that there are logits to sample from).
+the hash of the block before it -- once its K/V is written, that is at the end of the step that
+fills it (:meth:`KVCacheManager.commit_written_blocks`), never earlier: a request that is
+preempted, or a step that fails, must not leave behind a registered block whose contents were
+never computed. A new request looks up its prompt's block hashes in order and reuses the
+longest run of hits (never the whole prompt: the last prompt token must be computed so that
+there are logits to sample from).
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ from collections.abc import Iterable, Sequence
 from minivllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
 from minivllm.request import Request
 
-_NOTHING_NEW: list = []  # returned (never modified) when no block had to be taken
-
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -27,8 +28,6 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     """Paged KV cache: blocks are taken on demand and returned when a request ends."""
-
-    kind = "paged"
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_caching: bool = True):
         if block_size < 1:
@@ -45,6 +44,9 @@ class KVCacheManager:
         self._forked: set[str] = set()
         self.pending_copies: list[tuple[int, int]] = []
         self.num_cow_copies = 0
+        # blocks that this step fills, registered in the prefix cache once the step has run:
+        # (request, number of its tokens whose K/V the step leaves in the cache)
+        self._filled_this_step: list[tuple[Request, int]] = []
 
     # --- sizes ---------------------------------------------------------------------------
     @property
@@ -110,15 +112,16 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
-    ) -> list[KVCacheBlock] | None:
+    ) -> list[int] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         ``new_computed_blocks`` are prefix-cache hits (from :meth:`get_computed_blocks`) to
         attach first. ``num_lookahead_tokens`` reserves room beyond that (used by the static
         baseline to reserve a request's worst case up front).
 
-        Returns the newly taken blocks (possibly ``[]``), or ``None`` if the pool cannot supply
-        them, in which case *nothing* changed: no block taken, no reference count touched.
+        Returns the request's block table (its block ids, the manager's own list: do not
+        modify it), or ``None`` if the pool cannot supply the blocks, in which case *nothing*
+        changed: no block taken, no reference count touched.
         """
         rid = request.request_id
         bs = self.block_size
@@ -128,13 +131,13 @@ class KVCacheManager:
             ids = self.req_to_block_ids.get(rid)
             if ids is not None and computed + num_new_tokens + num_lookahead_tokens <= len(ids) * bs:
                 end = computed + num_new_tokens
-                if end // bs != computed // bs and self.enable_caching:  # a block just filled up
-                    self._cache_full_blocks(request, self.req_to_blocks[rid], end)
-                return _NOTHING_NEW
+                if end // bs != computed // bs and self.enable_caching:  # a block fills up
+                    self._filled_this_step.append((request, end))
+                return ids
         blocks = self.req_to_blocks.get(rid)
         num_have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
         num_computed = computed + len(new_computed_blocks) * bs
-        num_new_blocks = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs) - num_have
+        num_new_blocks = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, bs) - num_have
         pool = self.block_pool
         # Copy-on-write: held blocks that this step writes into but that others share.
         shared = self._shared_blocks_to_write(rid, blocks, num_computed, num_new_tokens) if blocks else []
@@ -153,12 +156,30 @@ class KVCacheManager:
             blocks.extend(new_computed_blocks)
             ids.extend(b.block_id for b in new_computed_blocks)
             self._num_cached_blocks[rid] = len(blocks)
-        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        blocks.extend(new_blocks)
-        ids.extend(b.block_id for b in new_blocks)
-        if self.enable_caching:
-            self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
-        return new_blocks
+        if num_new_blocks > 0:
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            blocks.extend(new_blocks)
+            ids.extend(b.block_id for b in new_blocks)
+        end = num_computed + num_new_tokens
+        if self.enable_caching and end // bs > self._num_cached_blocks.get(rid, 0):
+            self._filled_this_step.append((request, end))
+        return ids
+
+    def commit_written_blocks(self) -> None:
+        """The step's forward pass has run: register the blocks it filled in the prefix cache.
+
+        A request preempted during the step no longer holds its blocks and registers nothing;
+        one preempted and admitted again in the same step registers only what it computes now.
+        """
+        filled, self._filled_this_step = self._filled_this_step, []
+        for request, end in filled:
+            blocks = self.req_to_blocks.get(request.request_id)
+            if blocks:
+                self._cache_full_blocks(request, blocks, min(end, request.num_computed_tokens))
+
+    def discard_unwritten_blocks(self) -> None:
+        """The step failed: its blocks hold no trustworthy K/V, so register none of them."""
+        self._filled_this_step = []
 
     def _shared_blocks_to_write(
         self, rid: str, blocks: list[KVCacheBlock], num_computed: int, num_new_tokens: int
@@ -225,9 +246,12 @@ class KVCacheManager:
         """Return a request's blocks, tail first (so its shared prefix is evicted last)."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
-        self.req_to_block_ids.pop(rid, None)
+        ids = self.req_to_block_ids.pop(rid, None)
         self._num_cached_blocks.pop(rid, None)
         self._forked.discard(rid)
+        if self.pending_copies and ids:  # copies into its private blocks are moot now
+            mine = set(ids)
+            self.pending_copies = [(src, dst) for src, dst in self.pending_copies if dst not in mine]
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
 

@@ -23,6 +23,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
+from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -50,86 +51,6 @@ class SchedulerConfig:
             )
 
 
-class ScheduledRequest:
-    """One request's share of a step: compute tokens ``[num_computed, num_computed + num_new)``.
-
-    ``num_padding`` extra tokens after them are computed and thrown away (static batching's
-    pads and idle seats). ``sample`` says whether a token is sampled from the last real token.
-    """
-
-    __slots__ = ("request", "num_computed", "num_new", "num_padding", "sample")
-
-    def __init__(self, request: Request, num_computed: int, num_new: int, num_padding: int = 0):
-        self.request = request
-        self.num_computed = num_computed
-        self.num_new = num_new
-        self.num_padding = num_padding
-        self.sample = num_new > 0 and num_computed + num_new == request.num_tokens
-
-    def __repr__(self) -> str:
-        return (
-            f"ScheduledRequest({self.request.request_id}, computed={self.num_computed}, "
-            f"new={self.num_new}, pad={self.num_padding}, sample={self.sample})"
-        )
-
-
-class SchedulerOutput:
-    """What one step computes: ``requests[i]`` gets ``num_new[i]`` new tokens.
-
-    Stored as two parallel lists because the scheduler fills it for every running request at
-    every step and must stay cheap. ``scheduled`` gives the readable per-request view
-    (:class:`ScheduledRequest`); read it before ``update_from_output`` appends the sampled
-    tokens (it is cached on first access).
-    """
-
-    def __init__(self) -> None:
-        self.requests: list[Request] = []
-        self.num_new: list[int] = []
-        self.num_padding: dict[str, int] = {}  # static batching only
-        self.preempted: list[Request] = []
-        self.blocks_to_copy: list[tuple[int, int]] = []  # copy-on-write, before the forward
-        self.num_prefill_tokens = 0
-        self.num_decode_tokens = 0
-        self.num_padding_tokens = 0
-        self._scheduled: list[ScheduledRequest] | None = None
-
-    def add(self, request: Request, num_new: int, num_padding: int = 0) -> None:
-        self.requests.append(request)
-        self.num_new.append(num_new)
-        if num_padding:
-            self.num_padding[request.request_id] = num_padding
-
-    def remove(self, request: Request) -> int:
-        """Take a request back out of the batch (it was preempted); returns its token count."""
-        for i, r in enumerate(self.requests):
-            if r is request:
-                del self.requests[i]
-                return self.num_new.pop(i)
-        return 0
-
-    @property
-    def scheduled(self) -> list[ScheduledRequest]:
-        if self._scheduled is None:
-            pad = self.num_padding
-            self._scheduled = [
-                ScheduledRequest(r, r.num_computed_tokens - n, n, pad.get(r.request_id, 0) if pad else 0)
-                for r, n in zip(self.requests, self.num_new, strict=True)
-            ]
-        return self._scheduled
-
-    @property
-    def total_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens + self.num_padding_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.requests
-
-    def decisions(self) -> list[tuple[str, int]]:
-        """``(request_id, num_new_tokens)`` in batch order: what two schedulers must agree on."""
-        return [(r.request_id, n) for r, n in zip(self.requests, self.num_new, strict=True)]
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
         self.config = config
@@ -144,6 +65,8 @@ class Scheduler:
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
         self.num_forked_tokens = 0  # tokens a forked request did not have to compute
+        # copy-on-write copies exist only for a KV manager that can share blocks
+        self._take_copies = getattr(kv_cache_manager, "take_pending_copies", None)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -206,81 +129,95 @@ class Scheduler:
         return undone
 
     def schedule(self) -> SchedulerOutput:
-        cfg = self.config
+        """Plan one step: the running requests first, then admissions (see the module doc)."""
         out = SchedulerOutput()
-        budget = cfg.max_num_batched_tokens
-        chunked = cfg.enable_chunked_prefill
-        allocate = self.kv.allocate_slots
-        out_reqs, out_new, preempted = out.requests, out.num_new, out.preempted
-        running = self.running
-        prefill = decode = 0
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:  # memory is tight after a preemption: admit nobody this step
+            self._schedule_waiting(out, budget)
+        if self._take_copies is not None:
+            out.blocks_to_copy = self._take_copies()
+        return out
 
-        # 1. running requests, oldest first (iterate a snapshot: preemption edits the list)
-        for req in tuple(running):
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give each running request its next tokens, oldest first; preempt when out of blocks.
+        Returns the budget left."""
+        chunked = self.config.enable_chunked_prefill
+        allocate = self.kv.allocate_slots
+        # Local aliases of the output's lists: this loop runs for every running request at
+        # every step (see benchmarks/scheduler_overhead.py).
+        out_reqs, out_new, out_done, out_blocks, out_sample = (
+            out.requests, out.num_new, out.num_computed, out.block_ids, out.sample
+        )
+        preempted = out.preempted
+        for req in tuple(self.running):  # a snapshot: preemption edits the list
             if budget <= 0:
                 break
             if preempted and req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step to make room
             computed = req.num_computed_tokens
-            num_new = len(req.all_token_ids) - computed
+            num_tokens = len(req.all_token_ids)
+            num_new = num_tokens - computed
             if num_new <= 0:  # nothing to compute until its next token is sampled
                 continue
             if num_new > budget:
                 if not chunked:
                     continue
                 num_new = budget
-            if allocate(req, num_new) is None:
+            block_ids = allocate(req, num_new)
+            while block_ids is None:
                 # Out of blocks: preempt (newest first under FCFS) until req fits or is itself
                 # the victim. A victim already in this step's batch gives its budget back.
-                while True:
-                    victim = self._pick_victim()
-                    budget += self._preempt(victim, out)
-                    if victim is req or allocate(req, num_new) is not None:
-                        break
+                victim = self._pick_victim()
+                budget += self._preempt(victim, out)
                 if victim is req:
-                    continue
+                    break
+                block_ids = allocate(req, num_new)
+            if block_ids is None:
+                continue
             out_reqs.append(req)
             out_new.append(num_new)
+            out_done.append(computed)
+            out_blocks.append(block_ids)
+            out_sample.append(computed + num_new == num_tokens)
             req.num_computed_tokens = computed + num_new
             budget -= num_new
             if num_new == 1 and computed >= req.num_prompt_tokens:
-                decode += 1
+                out.num_decode_tokens += 1
             else:
-                prefill += num_new
+                out.num_prefill_tokens += num_new
+        return budget
 
-        # 2. admissions (none after a preemption this step: memory is tight)
-        if not out.preempted:
-            while self.num_waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                req = self._peek_waiting()
-                hit_blocks, num_hit = (
-                    self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
-                )
-                num_new = req.num_tokens - num_hit
-                if num_new > budget:
-                    if not chunked:
-                        break
-                    num_new = budget
-                if allocate(req, num_new, hit_blocks) is None:
-                    freed = self._preempt_for(req, out)
-                    if freed is None:
-                        break
-                    budget += freed
-                    continue
-                self._pop_waiting()
-                if req.first_scheduled_time is None and req.num_preemptions == 0:
-                    req.num_cached_tokens = num_hit
-                    self.prefix_query_tokens += req.num_tokens
-                    self.prefix_hit_tokens += num_hit
-                req.status = RequestStatus.RUNNING
-                running.append(req)
-                out.add(req, num_new)
-                req.num_computed_tokens = num_hit + num_new
-                budget -= num_new
-                prefill += num_new
-
-        out.num_prefill_tokens, out.num_decode_tokens = prefill, decode
-        out.blocks_to_copy = self.kv.take_pending_copies()
-        return out
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests while budget, seats and KV blocks last (prefix hits first)."""
+        cfg = self.config
+        while self.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self._peek_waiting()
+            hit_blocks, num_hit = (
+                self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ((), 0)
+            )
+            num_new = req.num_tokens - num_hit
+            if num_new > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                num_new = budget
+            block_ids = self.kv.allocate_slots(req, num_new, hit_blocks)
+            if block_ids is None:
+                freed = self._preempt_for(req, out)
+                if freed is None:
+                    break
+                budget += freed
+                continue
+            self._pop_waiting()
+            if req.first_scheduled_time is None and req.num_preemptions == 0:
+                req.num_cached_tokens = num_hit
+                self.prefix_query_tokens += req.num_tokens
+                self.prefix_hit_tokens += num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.add(req, num_hit, num_new, block_ids)
+            req.num_computed_tokens = num_hit + num_new
+            budget -= num_new
+            out.num_prefill_tokens += num_new
 
     def fork_request(self, parent: Request, child: Request) -> None:
         """Add ``child`` as a running copy of ``parent``: same tokens, same computed prefix,
@@ -305,18 +242,19 @@ class Scheduler:
             return None
         return self._preempt(victim, out)
 
-    def update_from_output(
-        self, out: SchedulerOutput, sampled: dict[str, int], max_model_len: int | None = None
-    ) -> list[Request]:
+    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
         """Append each sampled token, apply stop rules, free finished requests.
 
-        ``sampled`` maps request id -> token for the requests that sampled this step. Returns
-        the requests that finished.
+        ``sampled_token_ids`` maps request id -> token for the requests that sampled this step.
+        Returns the requests that finished. Calling it means the step ran: the blocks it filled
+        hold real K/V now, so they may join the prefix cache (``EngineCore`` has done that
+        already; a hand-driven scheduler gets it here).
         """
-        max_len = max_model_len or self.config.max_model_len
+        self.kv.commit_written_blocks()
+        max_len = self.config.max_model_len
         requests = self.requests
         finished: list[Request] = []
-        for rid, token in sampled.items():
+        for rid, token in sampled_token_ids.items():
             req = requests[rid]
             tokens = req.all_token_ids
             tokens.append(token)
@@ -338,8 +276,16 @@ class Scheduler:
         self.kv.free(req)
         self.requests.pop(req.request_id, None)
 
+    def _remove_waiting(self, gone: set[str]) -> None:
+        if self._waiting_fifo:
+            self._waiting_fifo = deque(r for r in self._waiting_fifo if r.request_id not in gone)
+        if self._waiting_heap:
+            self._waiting_heap = [e for e in self._waiting_heap if e[3].request_id not in gone]
+            heapq.heapify(self._waiting_heap)
+
     def finish_requests(self, request_ids, status: RequestStatus) -> list[Request]:
-        """End requests from outside (abort, or a stop string found by the detokenizer)."""
+        """End requests from outside (abort, a stop string found by the detokenizer, an error):
+        they leave the queues and free their blocks. Unknown or finished ids are ignored."""
         ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
         ended = []
         for rid in ids:
@@ -352,11 +298,7 @@ class Scheduler:
             return []
         gone = {r.request_id for r in ended}
         self.running = [r for r in self.running if r.request_id not in gone]
-        if self._waiting_fifo:
-            self._waiting_fifo = deque(r for r in self._waiting_fifo if r.request_id not in gone)
-        if self._waiting_heap:
-            self._waiting_heap = [e for e in self._waiting_heap if e[3].request_id not in gone]
-            heapq.heapify(self._waiting_heap)
+        self._remove_waiting(gone)
         for r in ended:
             self._release(r)
         return ended
@@ -367,3 +309,6 @@ class Scheduler:
 
     def live_request_ids(self) -> list[str]:
         return [r.request_id for r in self.live_requests()]
+
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "ScheduledRequest", "SCHEDULING_POLICIES"]

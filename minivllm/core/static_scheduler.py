@@ -19,7 +19,10 @@ from minivllm.request import Request, RequestStatus
 
 class StaticBatchScheduler(Scheduler):
     """Same interface as :class:`Scheduler`; ``max_num_seqs`` is the static batch size ``B``.
-    The token budget is ignored: a static server prefills the whole padded batch at once."""
+    The token budget is ignored: a static server prefills the whole padded batch at once.
+    It cannot fork requests (parallel sampling runs its ``n`` samples as separate requests)."""
+
+    supports_forking = False
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
         if config.policy != "fcfs":
@@ -36,8 +39,8 @@ class StaticBatchScheduler(Scheduler):
 
     def _form_batch(self) -> list[Request]:
         self.batch = []
-        while self._waiting_fifo and len(self.batch) < self.config.max_num_seqs:
-            req = self._waiting_fifo[0]
+        while self.num_waiting and len(self.batch) < self.config.max_num_seqs:
+            req = self._peek_waiting()
             extra = self._worst_case_tokens(req) - req.num_tokens
             if self.kv.allocate_slots(req, req.num_tokens, num_lookahead_tokens=extra) is None:
                 if not self.batch:
@@ -46,7 +49,7 @@ class StaticBatchScheduler(Scheduler):
                         f"tokens and the cache cannot hold it even alone"
                     )
                 break
-            self._waiting_fifo.popleft()
+            self._pop_waiting()
             req.status = RequestStatus.RUNNING
             self.batch.append(req)
         if self.batch:
@@ -55,6 +58,7 @@ class StaticBatchScheduler(Scheduler):
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        block_ids = self.kv.get_block_ids
         if all(r.is_finished for r in self.batch):
             batch = self._form_batch()
             if not batch:
@@ -63,23 +67,23 @@ class StaticBatchScheduler(Scheduler):
             for r in batch:
                 pad = longest - r.num_tokens
                 r.num_computed_tokens = r.num_tokens
-                out.add(r, r.num_tokens, pad)
+                out.add(r, 0, r.num_tokens, block_ids(r.request_id), pad)
                 out.num_prefill_tokens += r.num_tokens
                 out.num_padding_tokens += pad
             self.running = list(batch)
             return out
         for r in self.batch:
-            if r.is_finished:  # idle seat: one thrown-away token at the request's last position
-                out.add(r, 0, 1)
+            if r.is_finished:  # idle seat: one thrown-away row at the request's last position
+                out.add(r, r.num_computed_tokens, 0, block_ids(r.request_id), 1)
                 out.num_padding_tokens += 1
             else:
+                out.add(r, r.num_computed_tokens, 1, block_ids(r.request_id))
                 r.num_computed_tokens += 1
-                out.add(r, 1)
                 out.num_decode_tokens += 1
         return out
 
-    def update_from_output(self, out, sampled, max_model_len=None):
-        finished = super().update_from_output(out, sampled, max_model_len)
+    def update_from_output(self, sampled_token_ids):
+        finished = super().update_from_output(sampled_token_ids)
         self._end_batch_if_done()
         return finished
 

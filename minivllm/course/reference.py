@@ -77,6 +77,7 @@ def run_reference(
         max_model_len=max_num_batched_tokens if not enable_chunked_prefill else NO_LENGTH_CAP,
         enable_chunked_prefill=enable_chunked_prefill,
     )
+    cfg.max_model_len = NO_LENGTH_CAP  # prompts were checked against the budget above; no cap
     sched = Scheduler(cfg, kv)
     pending = sorted(trace, key=lambda r: r.arrival_step)
     steps: list[RefStep] = []
@@ -94,8 +95,8 @@ def run_reference(
         running = [(q.request_id, q.num_tokens - q.num_computed_tokens) for q in sched.running]
         waiting = [(q.request_id, q.num_tokens - q.num_computed_tokens) for q in sched.waiting]
         out = sched.schedule()
-        batch = out.decisions()  # read before update_from_output appends the sampled tokens
-        sampled = {s.request.request_id: 0 for s in out.scheduled if s.sample}
-        finished = sched.update_from_output(out, sampled, max_model_len=NO_LENGTH_CAP)
+        sampled = {r.request_id: 0 for r in out.sampling_requests}
+        finished = sched.update_from_output(sampled)
+        batch = out.decisions()
         steps.append(RefStep(t, running, waiting, batch, [q.request_id for q in finished]))
     raise RuntimeError(f"the reference scheduler did not finish the trace in {max_steps} steps")

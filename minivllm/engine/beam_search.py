@@ -18,12 +18,13 @@ length, cannot beat the worst finished one.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from minivllm.request import Request, RequestStatus
+from minivllm.core.interfaces import Logprobs
+from minivllm.core.kv_cache_manager import cdiv
+from minivllm.request import Request
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -41,31 +42,43 @@ class BeamSearchOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     sequences: list[BeamSequence]  # best first
+    error: str | None = None  # set when the model's output for this prompt could not be scored
 
 
 @dataclass
 class _Group:
     prompt: str | None
     prompt_ids: list[int]
-    beams: list[tuple[Request, float]]  # live beams with their cumulative logprob
+    first_beam: Request
+    blocks_needed: int  # worst case: every beam diverged from its first token
+    beams: list[tuple[Request, float]] = field(default_factory=list)  # live beams, cum logprob
     finished: list[BeamSequence] = field(default_factory=list)
     improvable: bool = True
     done: bool = False
+    error: str | None = None
 
 
-def run_beam_search(engine, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
-    if engine.has_unfinished_requests():
-        raise RuntimeError("beam search needs an idle engine; finish or abort running requests first")
-    if not engine.can_fork:
-        raise ValueError("beam search forks requests: use scheduler='continuous', kv_cache='paged'")
-    sched, runner = engine.scheduler, engine.runner
-    eos = set(engine.eos_token_ids) if not params.ignore_eos else set()
-    k = params.beam_width
-    keep = 2 * k if eos else k
-    beam_params = SamplingParams(temperature=0.0, max_tokens=params.max_tokens + 1, ignore_eos=True)
-    counter = itertools.count()
-    groups: list[_Group] = []
-    for prompt in prompts:
+class _BeamSearch:
+    """Drives :class:`~minivllm.core.engine_core.EngineCore` steps with a token chooser that
+    ranks the beams of each prompt. Prompts run concurrently while the worst case of their
+    beams fits in the KV pool together; the rest wait for a running prompt to finish (a beam
+    that has to wait for blocks while its siblings hold theirs would otherwise deadlock)."""
+
+    def __init__(self, engine, params: BeamSearchParams):
+        self.engine, self.core, self.params = engine, engine.core, params
+        self.k = params.beam_width
+        self.eos = set(engine.eos_token_ids) if not params.ignore_eos else set()
+        self.keep = 2 * self.k if self.eos else self.k
+        self.beam_params = SamplingParams(
+            temperature=0.0, max_tokens=params.max_tokens + 1, ignore_eos=True, logprobs=self.keep,
+        )
+        self.counter = itertools.count()
+        self.pending: dict[str, Logprobs] = {}  # beam id -> its next-token candidates
+        self.blocks_in_use = 0  # worst-case blocks of the prompts started so far
+        self.group_of: dict[str, _Group] = {}  # beam id -> its prompt's group
+
+    def make_group(self, prompt) -> _Group:
+        engine, params = self.engine, self.params
         text, ids = engine.tokenize(prompt)
         engine.check_prompt(ids)
         if len(ids) + params.max_tokens > engine.max_model_len:
@@ -73,87 +86,140 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams) -> list[Bea
                 f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} exceeds "
                 f"max_model_len={engine.max_model_len}"
             )
-        req = Request(f"beam-{next(counter)}", ids, beam_params)
-        sched.add_request(req)
-        groups.append(_Group(text, ids, [(req, 0.0)]))
+        kv = self.core.kv
+        bs = kv.block_size
+        shared = len(ids) // bs  # full prompt blocks: never written again, so never copied
+        per_beam = cdiv(len(ids) + params.max_tokens + 1, bs) - shared
+        needed = shared + self.k * per_beam
+        if needed > kv.num_blocks:
+            raise ValueError(
+                f"beam search with beam_width={self.k} and max_tokens={params.max_tokens} on a "
+                f"{len(ids)}-token prompt needs up to {needed} KV blocks ({shared} shared + "
+                f"{self.k} beams x {per_beam}) but the pool has {kv.num_blocks}; lower beam_width "
+                f"or max_tokens, or give the engine more KV cache"
+            )
+        beam = Request(f"beam-{next(self.counter)}", ids, self.beam_params)
+        group = self.group_of[beam.request_id] = _Group(text, ids, beam, needed)
+        return group
 
-    pending: dict[str, torch.Tensor] = {}  # beam id -> its next-token logprobs
-    while not all(g.done for g in groups):
-        start = time.perf_counter()
-        out = sched.schedule()
-        reqs, logits = runner.compute_logits(out)
-        if logits is not None:
-            logprobs = torch.log_softmax(logits, dim=-1)
-            for r, row in zip(reqs, logprobs):
-                pending[r.request_id] = row
-        for g in groups:
-            if not g.done and all(b.request_id in pending for b, _ in g.beams):
-                _advance(g, pending, sched, counter, eos, k, keep, params)
-        engine.stats.record_step(sched, out, start, time.perf_counter() - start)
-        if engine.args.debug_checks:
-            engine.check_invariants()
+    def start(self, group: _Group) -> None:
+        self.core.add_request(group.first_beam)
+        group.beams = [(group.first_beam, 0.0)]
+        self.blocks_in_use += group.blocks_needed
+
+    def run(self, groups: list[_Group]) -> None:
+        queued = list(groups)
+        while not all(g.done for g in groups):
+            while queued and self.blocks_in_use + queued[0].blocks_needed <= self.core.kv.num_blocks:
+                self.start(queued.pop(0))
+            self.core.step(self.choose_tokens)
+            for g in groups:
+                if g.done and g.blocks_needed:
+                    self.blocks_in_use -= g.blocks_needed
+                    g.blocks_needed = 0
+
+    def choose_tokens(self, out, result) -> dict[str, int]:
+        """The step's token chooser: rank each prompt whose beams all have candidates."""
+        self.pending.update(result.logprobs)
+        for rid, message in result.failed.items():  # a beam that cannot be scored ends its prompt
+            g = self.group_of.get(rid)
+            if g is not None and not g.done:
+                self.core.abort_requests([b.request_id for b, _ in g.beams])
+                g.beams, g.done, g.error = [], True, message
+        tokens: dict[str, int] = {}
+        for g in self.groups_ready():
+            tokens.update(self.advance(g))
+        return tokens
+
+    def groups_ready(self):
+        ready = {}
+        for rid in self.pending:
+            g = self.group_of.get(rid)
+            if g is not None and not g.done:
+                ready[id(g)] = g
+        return [g for g in ready.values() if all(b.request_id in self.pending for b, _ in g.beams)]
+
+    def advance(self, g: _Group) -> dict[str, int]:
+        """One beam-search step for one prompt: choose continuations, fork, free, finish."""
+        k, keep, params = self.k, self.keep, self.params
+        n_prompt = len(g.prompt_ids)
+        cur_gen = g.beams[0][0].num_tokens - n_prompt  # tokens generated so far (same for all)
+        entries = [self.pending.pop(b.request_id) for b, _ in g.beams]
+        top_ids = torch.tensor([[t for t, _ in e.top] for e in entries])  # [beams, keep]
+        totals = torch.tensor([[lp for _, lp in e.top] for e in entries], dtype=torch.float32)
+        totals = totals + torch.tensor([s for _, s in g.beams], dtype=torch.float32)[:, None]
+        width = totals.shape[1]
+        top_scores, top_idx = torch.topk(totals.flatten(), k=min(keep, totals.numel()))
+        candidates = [
+            (float(sc), int(i) // width, int(top_ids.flatten()[i])) for sc, i in zip(top_scores, top_idx)
+        ]
+        at_limit = cur_gen + 1 >= params.max_tokens
+        new_len = cur_gen + 1
+        if g.improvable:  # finished candidates: only those ranked in the first k may be kept
+            for score, beam, token in candidates[:k]:
+                if token in self.eos or at_limit:
+                    gen = g.beams[beam][0].all_token_ids[n_prompt:] + [token]
+                    g.finished.append(BeamSequence(gen, score, score / new_len**params.length_penalty,
+                                                   finished_by_eos=token in self.eos))
+            g.finished.sort(key=lambda s: s.score, reverse=True)
+            del g.finished[k:]
+        survivors = [] if at_limit else [c for c in candidates if c[2] not in self.eos][:k]
+        tokens = self._fork_survivors(g, survivors)
+        # stop rule (early_stopping=False): all k finished slots filled and the best live beam,
+        # scored at its current length, cannot beat the worst finished one
+        if g.beams and len(g.finished) == k:
+            best_live = g.beams[0][1] / new_len**params.length_penalty
+            g.improvable = best_live > g.finished[-1].score
+        if at_limit or not g.improvable or not g.beams:
+            self.core.abort_requests([b.request_id for b, _ in g.beams])
+            g.beams, g.done = [], True
+            return {}
+        return tokens
+
+    def _fork_survivors(self, g: _Group, survivors) -> dict[str, int]:
+        """A beam chosen once continues in place; chosen again, it forks (sharing its blocks).
+        Beams nobody chose end. Returns the token each surviving beam appends."""
+        used: set[int] = set()
+        new_beams: list[tuple[Request, float]] = []
+        tokens: dict[str, int] = {}
+        for score, beam, token in survivors:
+            parent = g.beams[beam][0]
+            req = parent
+            if beam in used:
+                req = Request(f"{parent.request_id.split('/')[0]}/{next(self.counter)}",
+                              g.prompt_ids, parent.sampling_params)
+                self.core.scheduler.fork_request(parent, req)
+                self.group_of[req.request_id] = g
+            used.add(beam)
+            tokens[req.request_id] = token
+            new_beams.append((req, score))
+        dropped = [b.request_id for i, (b, _) in enumerate(g.beams) if i not in used]
+        self.core.abort_requests(dropped)
+        g.beams = new_beams
+        return tokens
+
+
+def run_beam_search(engine, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
+    if not isinstance(params, BeamSearchParams):
+        raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+    if engine.has_unfinished_requests():
+        raise RuntimeError("beam search needs an idle engine; finish or abort running requests first")
+    if not engine.can_fork:
+        raise ValueError("beam search forks requests: use scheduler='continuous', kv_cache='paged'")
+    search = _BeamSearch(engine, params)
+    groups = [search.make_group(p) for p in prompts]  # validates everything before queueing
+    try:
+        search.run(groups)
+    finally:  # an error or an interrupt leaves no beam behind
+        live = [b.request_id for g in groups for b, _ in g.beams]
+        live += [g.first_beam.request_id for g in groups]
+        engine.core.abort_requests(live)
+    decode = engine.tokenizer.decode if engine.tokenizer is not None else (lambda ids, **_: "")
     return [
         BeamSearchOutput(g.prompt, g.prompt_ids, [
             BeamSequence(s.token_ids, s.cum_logprob, s.score,
-                         engine.tokenizer.decode(s.token_ids, skip_special_tokens=True), s.finished_by_eos)
+                         decode(s.token_ids, skip_special_tokens=True), s.finished_by_eos)
             for s in g.finished
-        ])
+        ], g.error)
         for g in groups
     ]
-
-
-def _advance(g: _Group, pending, sched, counter, eos: set[int], k: int, keep: int,
-             params: BeamSearchParams) -> None:
-    """One beam-search step for one prompt: choose continuations, fork, free, finish."""
-    n_prompt = len(g.prompt_ids)
-    cur_gen = g.beams[0][0].num_tokens - n_prompt  # tokens generated so far (same for all beams)
-    rows = torch.stack([pending.pop(b.request_id) for b, _ in g.beams])  # [beams, V]
-    totals = rows + torch.tensor([s for _, s in g.beams])[:, None]
-    vocab = rows.shape[1]
-    top_scores, top_idx = torch.topk(totals.flatten(), k=min(keep, totals.numel()))
-    candidates = [(float(sc), int(i) // vocab, int(i) % vocab) for sc, i in zip(top_scores, top_idx)]
-    at_limit = cur_gen + 1 >= params.max_tokens
-    new_len = cur_gen + 1
-
-    # finished candidates: only those ranked in the first k may be kept
-    if g.improvable:
-        for score, beam, token in candidates[:k]:
-            if token in eos or at_limit:
-                parent = g.beams[beam][0]
-                gen = parent.all_token_ids[n_prompt:] + [token]
-                g.finished.append(BeamSequence(gen, score, score / new_len**params.length_penalty,
-                                               finished_by_eos=token in eos))
-        g.finished.sort(key=lambda s: s.score, reverse=True)
-        del g.finished[k:]
-
-    survivors = [] if at_limit else [c for c in candidates if c[2] not in eos][:k]
-    # Fork before appending: a child copies its parent's tokens as they are now.
-    used: set[int] = set()
-    new_beams: list[tuple[Request, float]] = []
-    forks: list[tuple[Request, int]] = []
-    for score, beam, token in survivors:
-        parent = g.beams[beam][0]
-        if beam in used:
-            child = Request(f"{parent.request_id.split('/')[0]}/{next(counter)}", g.prompt_ids,
-                            parent.sampling_params)
-            sched.fork_request(parent, child)
-            forks.append((child, token))
-            new_beams.append((child, score))
-        else:
-            used.add(beam)
-            forks.append((parent, token))
-            new_beams.append((parent, score))
-    dropped = [b.request_id for i, (b, _) in enumerate(g.beams) if i not in used]
-    sched.finish_requests(dropped, RequestStatus.FINISHED_ABORTED)
-    for req, token in forks:
-        req.all_token_ids.append(token)
-    g.beams = new_beams
-
-    # stop rule (early_stopping=False): all k finished slots filled and the best live beam,
-    # scored at its current length, cannot beat the worst finished one
-    if g.beams and len(g.finished) == k:
-        best_live = g.beams[0][1] / new_len**params.length_penalty
-        g.improvable = best_live > g.finished[-1].score
-    if at_limit or not g.improvable or not g.beams:
-        sched.finish_requests([b.request_id for b, _ in g.beams], RequestStatus.FINISHED_ABORTED)
-        g.beams, g.done = [], True

@@ -1,7 +1,17 @@
-"""``LLM``: the offline front end, shaped like ``vllm.LLM``."""
+"""``LLM``: the offline front end, shaped like ``vllm.LLM``.
+
+One engine, any number of callers: every ``generate`` / ``stream`` call gets exactly its own
+outputs. Whoever needs progress runs an engine step (under a lock, so two threads never step at
+once) and the step's outputs are routed to the call that owns each request; the other calls'
+requests advance in the same batch and their outputs wait in their own inboxes. A call that
+ends early (a closed stream, an exception, Ctrl-C) aborts what it still had running, so its
+blocks are freed and nothing is left for the next call to finish.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
@@ -12,42 +22,91 @@ from minivllm.metrics import EngineStats
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | dict
 
 
 class LLM:
     """``LLM()`` loads the shipped tiny model; ``LLM("path/or/hub-name", **engine_args)`` any
-    supported checkpoint. See :class:`minivllm.config.EngineArgs` for the engine arguments."""
+    supported checkpoint. See :class:`minivllm.config.EngineArgs` for the engine arguments.
+    Safe to share between threads: concurrent calls are batched together."""
 
     def __init__(self, model: str | None = None, **engine_args):
         self.engine = LLMEngine(model, **engine_args)
+        self._lock = threading.RLock()
+        self._inboxes: dict[str, deque[RequestOutput]] = {}  # request id -> undelivered outputs
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
 
+    # --- submitting -------------------------------------------------------------------------
+    @staticmethod
+    def _as_list(prompts) -> list:
+        single = isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+        )
+        if single:
+            return [prompts]
+        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
+            raise TypeError(
+                f"prompts must be a str, a list of token ids, or a list of those, got {type(prompts).__name__}"
+            )
+        return list(prompts)
+
     def _add_all(self, prompts, sampling_params, priority) -> list[str]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        """Validate every prompt and its settings, then queue them all (or none)."""
+        prompts = self._as_list(prompts)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         prios = priority if isinstance(priority, list) else [priority or 0] * len(prompts)
         if len(params) != len(prompts) or len(prios) != len(prompts):
             raise ValueError(
                 f"got {len(prompts)} prompts but {len(params)} sampling params and {len(prios)} priorities"
             )
-        # Tokenize and validate everything first, so a bad prompt queues nothing.
-        tokenized = []
-        for p, sp in zip(prompts, params, strict=True):
-            if sp is not None and not isinstance(sp, SamplingParams):
-                raise TypeError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-            text, ids = self.engine.tokenize(p)
-            self.engine.check_prompt(ids)
-            tokenized.append({"prompt": text, "prompt_token_ids": ids})
-        return [
-            self.engine.add_request(None, p, sp, priority=pr)
-            for p, sp, pr in zip(tokenized, params, prios, strict=True)
-        ]
+        engine = self.engine
+        checked = []
+        for p, sp, pr in zip(prompts, params, prios, strict=True):
+            sp = SamplingParams() if sp is None else sp
+            engine.check_params(sp)
+            text, ids = engine.tokenize(p)
+            engine.check_prompt(ids)
+            checked.append(({"prompt": text, "prompt_token_ids": ids}, sp, pr))
+        with self._lock:
+            ids = []
+            try:
+                for prompt, sp, pr in checked:
+                    rid = engine.add_request(None, prompt, sp, priority=pr)
+                    self._inboxes[rid] = deque()
+                    ids.append(rid)
+            except BaseException:
+                self._abandon(ids)
+                raise
+        return ids
+
+    # --- running ------------------------------------------------------------------------------
+    def _step(self) -> None:
+        """One engine step; route its outputs to the calls that own them. Hold the lock."""
+        for out in self.engine.step():
+            box = self._inboxes.get(out.request_id)
+            if box is not None:
+                box.append(out)
+
+    def _take(self, ids) -> list[RequestOutput]:
+        """Step until one of ``ids`` has an output waiting, then return all of theirs."""
+        with self._lock:
+            while True:
+                got = [out for rid in ids for out in _drain(self._inboxes.get(rid))]
+                if got:
+                    return got
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError(f"requests {sorted(ids)[:5]} vanished from the engine")
+                self._step()
+
+    def _abandon(self, ids) -> None:
+        """Abort what is still running of ``ids`` and drop their inboxes."""
+        with self._lock:
+            self.engine.abort_request(list(ids))
+            for rid in ids:
+                self._inboxes.pop(rid, None)
 
     def generate(
         self,
@@ -56,19 +115,24 @@ class LLM:
         use_tqdm: bool = True,
         priority: int | list[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order."""
+        """Run every prompt to completion; outputs come back in prompt order. A request that
+        failed ends with ``finish_reason="error"`` and the message in ``outputs[i].error``."""
         ids = self._add_all(prompts, sampling_params, priority)
-        wanted = set(ids)
         done: dict[str, RequestOutput] = {}
+        waiting = set(ids)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm, dynamic_ncols=True)
         try:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished and out.request_id in wanted:
+            while waiting:
+                for out in self._take(waiting):
+                    if out.finished:
                         done[out.request_id] = out
+                        waiting.discard(out.request_id)
                         bar.update(1)
         finally:
             bar.close()
+            self._abandon(waiting)
+            for rid in ids:
+                self._inboxes.pop(rid, None)
         return [done[i] for i in ids]
 
     def stream(
@@ -79,37 +143,73 @@ class LLM:
         priority: int | list[int] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield outputs as tokens arrive. With ``delta=True`` each yielded completion holds only
-        the new text and token ids since the previous yield for that request."""
-        self._add_all(prompts, sampling_params, priority)
-        sent_text: dict[tuple[str, int], int] = {}
-        sent_ids: dict[tuple[str, int], int] = {}
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if not delta:
-                    yield out
-                    continue
-                pieces = []
-                for c in out.outputs:
-                    key = (out.request_id, c.index)
-                    t0, i0 = sent_text.get(key, 0), sent_ids.get(key, 0)
-                    sent_text[key], sent_ids[key] = len(c.text), len(c.token_ids)
-                    pieces.append(
-                        CompletionOutput(c.index, c.text[t0:], c.token_ids[i0:], c.finish_reason, c.stop_reason)
-                    )
-                yield RequestOutput(
-                    out.request_id, out.prompt, out.prompt_token_ids, pieces, out.finished,
-                    out.num_cached_tokens, out.metrics,
-                )
+        the new text and token ids since the previous yield for that request. The requests are
+        queued when iteration starts; closing the iterator early (``break``) aborts the ones it
+        was still streaming."""
+        ids = self._add_all(prompts, sampling_params, priority)
+        waiting = set(ids)
+        sent: dict[tuple[str, int], tuple[int, int, int]] = {}  # (text, ids, logprobs) sent
+        try:
+            while waiting:
+                for out in self._take(waiting):
+                    if out.finished:
+                        waiting.discard(out.request_id)
+                    yield _delta(out, sent) if delta else out
+        finally:
+            self._abandon(waiting)
+            for rid in ids:
+                self._inboxes.pop(rid, None)
+
+    def abort(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
+        """End requests now; their calls receive a final output with ``finish_reason="abort"``
+        (which is also returned)."""
+        with self._lock:
+            outs = self.engine.abort_request(request_ids)
+            for out in outs:
+                box = self._inboxes.get(out.request_id)
+                if box is not None:
+                    box.append(out)
+            return outs
 
     def beam_search(
         self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams
     ) -> list[BeamSearchOutput]:
         """Beam search for each prompt; ``outputs[i].sequences[0]`` is the best sequence.
-        Beams share KV blocks and fork copy-on-write (see ``minivllm/engine/beam_search.py``)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        return run_beam_search(self.engine, list(prompts), params)
+        Beams share KV blocks and fork copy-on-write (see ``minivllm/engine/beam_search.py``).
+        Needs an idle engine (no other call running)."""
+        with self._lock:
+            return run_beam_search(self.engine, self._as_list(prompts), params)
 
     def stats(self) -> EngineStats:
         """Per-step and per-request metrics collected so far (for plots and tables)."""
         return self.engine.get_stats()
+
+    def reset_stats(self) -> None:
+        """Start the statistics afresh (e.g. after a warm-up run)."""
+        self.engine.reset_stats()
+
+
+def _drain(box: deque | None) -> list[RequestOutput]:
+    if not box:
+        return []
+    items = list(box)
+    box.clear()
+    return items
+
+
+def _delta(out: RequestOutput, sent: dict[tuple[str, int], tuple[int, int, int]]) -> RequestOutput:
+    """The part of ``out`` not yielded before for each completion (text, token ids, logprobs)."""
+    pieces = []
+    for c in out.outputs:
+        key = (out.request_id, c.index)
+        t0, i0, l0 = sent.get(key, (0, 0, 0))
+        n_lp = len(c.logprobs) if c.logprobs is not None else 0
+        sent[key] = (len(c.text), len(c.token_ids), n_lp)
+        pieces.append(CompletionOutput(
+            c.index, c.text[t0:], c.token_ids[i0:], c.finish_reason, c.stop_reason,
+            c.cumulative_logprob, c.logprobs[l0:] if c.logprobs is not None else None, c.error,
+        ))
+    return RequestOutput(
+        out.request_id, out.prompt, out.prompt_token_ids, pieces, out.finished,
+        out.num_cached_tokens, out.metrics, out.prompt_logprobs,
+    )

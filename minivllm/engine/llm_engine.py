@@ -1,131 +1,157 @@
-"""``LLMEngine``: the serving loop. One ``step()`` = schedule, run the model, apply the results.
+"""``LLMEngine``: a model, a tokenizer and an :class:`~minivllm.core.engine_core.EngineCore`.
 
-    add_request ──> Scheduler.waiting
-    step():  Scheduler.schedule()            which requests, how many tokens each
-             ModelRunner.execute()           one flat forward pass + sampling
-             Scheduler.update_from_output()  append tokens, EOS / max_tokens, free blocks
-             detokenize, stop strings        text, finish on a stop string
-             -> RequestOutput for every request that made progress
+    add_request  -> validate everything, tokenize, queue (nothing is queued if anything is wrong)
+    step()       -> EngineCore.step()            schedule, run the model, sample, update
+                    OutputProcessor.process()     text, stop strings, n > 1, logprobs
+                 -> a RequestOutput for every request that made progress or ended
+    abort_request-> the requests end now, their blocks are freed, final outputs returned
+
+The engine owns the parts that need torch (the model, its KV cache tensors, the model runner)
+and the tokenizer; scheduling, block bookkeeping and the step loop are in ``minivllm.core``.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
-from minivllm.config import EngineArgs
-from minivllm.core.contiguous_kv import ContiguousKVCacheManager
-from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.core.static_scheduler import StaticBatchScheduler
-from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.config import EngineArgs, build_scheduler, check_int
+from minivllm.core.engine_core import EngineCore
+from minivllm.core.kv_cache_manager import cdiv
 from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.sampler import Sampler
 from minivllm.metrics import EngineStats
 from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
-from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from minivllm.request import Request, RequestStatus
+from minivllm.outputs import RequestOutput
+from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
-
-
-class _Parent:
-    """Bookkeeping for a user request with ``n > 1``: it runs as n child requests."""
-
-    def __init__(self, request_id: str, children: list[Request]):
-        self.request_id = request_id
-        self.children = children
+_BOOKKEEPING_BYTES_PER_BLOCK = 200  # a KVCacheBlock object and its list entries, roughly
 
 
 class LLMEngine:
     def __init__(self, model: str | None = None, **engine_args):
         self.args = args = EngineArgs.from_kwargs(**engine_args)
+        custom_backend = not isinstance(args.attention_backend, str)
         self.model, self.model_path = load_model(
-            model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend
+            model, dtype=args.dtype, device=args.device,
+            attention_backend="torch" if custom_backend else args.attention_backend,
         )
+        if custom_backend:
+            self._use_attention_backend(args.attention_backend)
         self.model_config = cfg = self.model.config
         self.device = self.model.lm_head.weight.device
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_ids()
-        self.max_model_len = args.max_model_len or cfg.max_position_embeddings
-        if self.max_model_len > cfg.max_position_embeddings:
+        self.max_model_len = self._max_model_len()
+        self.kv_dtype = resolve_dtype(args.dtype, cfg, self.device)
+        scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
+        kv = scheduler.kv
+        self._check_pool(kv.num_blocks, kv.block_size)
+        backend = self.model.attention_layers[0].backend
+        if getattr(backend, "name", "") == "triton" and kv.block_size < 16:
             raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
-                f"{cfg.max_position_embeddings}"
-            )
-        if cfg.sliding_window is not None and cfg.sliding_window < self.max_model_len:
-            raise ValueError(
-                f"this model uses sliding-window attention (window {cfg.sliding_window}) which minivllm "
-                f"does not implement; pass max_model_len <= {cfg.sliding_window}"
-            )
-        backend = self.model.attention_layers[0].backend.name
-        if backend == "triton" and args.block_size < 16:
-            raise ValueError(
-                f"block_size={args.block_size} is below the Triton kernels' minimum of 16; use "
+                f"block_size={kv.block_size} is below the Triton kernels' minimum of 16; use "
                 f"block_size >= 16 or attention_backend='torch'"
             )
-        self.kv_dtype = resolve_dtype(args.dtype, cfg, self.device)
-        num_blocks = self._num_kv_blocks()
-        if args.kv_cache == "contiguous":
-            self.kv = ContiguousKVCacheManager(num_blocks, args.block_size, self.max_model_len)
-        else:
-            self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
-        chunked = args.enable_chunked_prefill
-        budget = args.max_num_batched_tokens or (2048 if chunked else max(2048, self.max_model_len))
-        sched_cfg = SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=budget,
-            max_model_len=self.max_model_len,
-            enable_chunked_prefill=chunked,
-            policy=args.scheduling_policy,
-        )
-        sched_cls = StaticBatchScheduler if args.scheduler == "static" else Scheduler
-        self.scheduler = sched_cls(sched_cfg, self.kv)
         self.sampler = Sampler(seed=args.seed)
-        pad = self.tokenizer.pad_token_id
-        self.runner = ModelRunner(self.model, self.kv, self.sampler, pad if pad is not None else 0, self.kv_dtype)
-        self.stats = EngineStats()
-        self._requests: dict[str, Request] = {}  # every live (child) request, by id
-        self._fork_pending: dict[str, list[Request]] = {}  # n > 1: leader id -> its siblings
-        self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._parents: dict[str, _Parent] = {}
-        self._child_to_parent: dict[str, str] = {}
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        self.runner = ModelRunner(
+            self.model, kv.num_blocks, kv.block_size, self.sampler, pad if pad is not None else 0,
+            self.kv_dtype,
+        )
+        self.core = EngineCore(scheduler, self.runner, debug_checks=args.debug_checks)
+        self.output_processor = OutputProcessor(self.core, self.tokenizer)
         self._ids = itertools.count()
 
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    @property
+    def kv(self):
+        return self.core.kv
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats
+
+    @property
+    def can_fork(self) -> bool:
+        """Whether ``n > 1`` and beam search can share KV blocks (continuous + paged)."""
+        return self.core.can_fork
+
     # --- set-up helpers --------------------------------------------------------------------
+    def _use_attention_backend(self, backend) -> None:
+        if not callable(getattr(backend, "forward", None)) or not hasattr(backend, "name"):
+            raise TypeError(
+                f"attention_backend={type(backend).__name__} is not an attention backend: it needs "
+                "a `name` and forward(query, key, value, k_cache, v_cache, meta, scale)"
+            )
+        self.model.set_attention_backend(backend)
+
+    def _load_tokenizer(self):
+        if self.args.skip_tokenizer_init:
+            return None
+        path = Path(self.args.tokenizer) if self.args.tokenizer is not None else self.model_path
+        try:
+            return load_tokenizer(path)
+        except Exception as err:  # noqa: BLE001 - say which directory and how to go on
+            raise ValueError(
+                f"could not load a tokenizer from {path} ({type(err).__name__}: {err}); give "
+                "tokenizer=<directory> or skip_tokenizer_init=True to serve token-id prompts"
+            ) from err
+
     def _eos_ids(self) -> tuple[int, ...]:
         ids = set(self.model_config.eos_token_ids)
         gen_cfg = self.model_path / "generation_config.json"
         if gen_cfg.is_file():
-            import json
-
-            eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            try:
+                eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{gen_cfg} is not valid JSON: {err}") from err
             ids.update(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
-        if self.tokenizer.eos_token_id is not None:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
 
+    def _max_model_len(self) -> int:
+        cfg = self.model_config
+        max_len = self.args.max_model_len or cfg.max_position_embeddings
+        if max_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
+                f"{cfg.max_position_embeddings}"
+            )
+        if cfg.sliding_window is not None and cfg.sliding_window < max_len:
+            raise ValueError(
+                f"this model uses sliding-window attention (window {cfg.sliding_window}) which minivllm "
+                f"does not implement; pass max_model_len <= {cfg.sliding_window}"
+            )
+        return max_len
+
+    @property
+    def bytes_per_block(self) -> int:
+        itemsize = torch.finfo(self.kv_dtype).bits // 8
+        return self.model_config.kv_bytes_per_token(itemsize) * self.args.block_size
+
     def _num_kv_blocks(self) -> int:
-        args, cfg = self.args, self.model_config
-        bytes_per_block = cfg.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8) * args.block_size
+        args = self.args
         if args.num_kv_blocks is not None:
             num_blocks = args.num_kv_blocks
-            source = f"num_kv_blocks={num_blocks}"
         else:
             memory = args.kv_cache_memory or self._default_kv_memory()
-            num_blocks = memory // bytes_per_block
-            source = f"kv_cache_memory={memory} bytes ({bytes_per_block} bytes per block)"
-        needed = cdiv(self.max_model_len, args.block_size)
-        if num_blocks < needed:
-            raise ValueError(
-                f"the KV cache holds {num_blocks} blocks ({num_blocks * args.block_size} tokens, from "
-                f"{source}) but one max_model_len={self.max_model_len} sequence needs {needed} blocks"
-            )
-        return int(num_blocks)
+            num_blocks = int(memory // self.bytes_per_block)
+        self._check_pool(num_blocks, args.block_size)  # before any block object exists
+        return num_blocks
 
     def _default_kv_memory(self) -> int:
         if self.device.type == "cuda":
@@ -133,20 +159,72 @@ class LLMEngine:
             return int(free * 0.5)
         # Enough for every seat to hold a full-length sequence, capped at 256 MiB, but always
         # at least one full-length sequence.
-        per_token = self.model_config.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
+        per_token = self.bytes_per_block // self.args.block_size
         wanted = per_token * self.max_model_len * self.args.max_num_seqs
         return max(min(_DEFAULT_CPU_KV_BYTES, wanted), per_token * self.max_model_len)
 
+    def _check_pool(self, num_blocks: int, block_size: int) -> None:
+        """The pool must hold one full-length sequence, and fit in memory (checked before the
+        tensors are allocated, so an absurd size fails fast instead of swapping)."""
+        needed = cdiv(self.max_model_len, block_size)
+        if num_blocks < needed:
+            raise ValueError(
+                f"the KV cache holds {num_blocks} blocks ({num_blocks * block_size} tokens) but one "
+                f"max_model_len={self.max_model_len} sequence needs {needed} blocks; raise "
+                f"num_kv_blocks / kv_cache_memory or lower max_model_len"
+            )
+        cache_bytes = num_blocks * self.bytes_per_block
+        host_bytes = num_blocks * _BOOKKEEPING_BYTES_PER_BLOCK
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if cache_bytes > free:
+                raise ValueError(
+                    f"a KV cache of {num_blocks} blocks needs {cache_bytes / 2**30:.2f} GiB on "
+                    f"{self.device} but only {free / 2**30:.2f} GiB are free"
+                )
+            cache_bytes = 0
+        available = _available_host_memory()
+        if available is not None and cache_bytes + host_bytes > available:
+            raise ValueError(
+                f"a KV cache of {num_blocks} blocks needs {(cache_bytes + host_bytes) / 2**30:.2f} GiB "
+                f"of host memory but only {available / 2**30:.2f} GiB are available; lower "
+                f"num_kv_blocks / kv_cache_memory"
+            )
+
     # --- requests --------------------------------------------------------------------------
-    def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        """``(text or None, token ids)`` of a prompt: a string, a list of token ids, or a
+        dict ``{"prompt_token_ids": [...]}`` / ``{"prompt": "..."}`` (vLLM's prompt dicts)."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self.tokenize(prompt["prompt"])
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): pass token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"the prompt is not valid Unicode text: {err}") from None
             return prompt, list(self.tokenizer(prompt).input_ids)
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        ids = list(prompt)
-        if not all(isinstance(t, int) for t in ids):
-            raise ValueError("a prompt must be a string or a list of integer token ids")
-        return None, ids
+        if isinstance(prompt, (bytes, bytearray)):
+            raise TypeError("a prompt must be a str or a list of token ids, not bytes: decode it first")
+        if isinstance(prompt, (list, tuple)):
+            return None, self._token_ids(prompt)
+        raise TypeError(
+            f"a prompt must be a str, a list of token ids or a prompt dict, got {type(prompt).__name__}"
+        )
+
+    @staticmethod
+    def _token_ids(ids) -> list[int]:
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
+        bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise TypeError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__})")
+        return list(ids)
 
     def check_prompt(self, ids: list[int]) -> None:
         """``ValueError`` naming the value and the limit for a prompt the engine cannot serve."""
@@ -162,174 +240,93 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
 
+    def check_params(self, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (this engine has skip_tokenizer_init=True)")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
+
     def add_request(
         self,
         request_id: str | None,
-        prompt: str | Sequence[int],
+        prompt,
         params: SamplingParams | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue a request. Raises ``ValueError`` before anything is queued."""
-        params = params or SamplingParams()
+        """Validate and queue a request; returns its id. Raises before anything is queued."""
+        params = SamplingParams() if params is None else params
+        self.check_params(params)
+        check_int("priority", priority)
+        if arrival_time is not None and (
+            not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
+        ):
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.scheduler.requests or request_id in self._parents:
+        if request_id in self.output_processor.families or request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = time.perf_counter() if arrival_time is None else arrival_time
-        children = []
-        for i in range(params.n):
-            child_params = params
-            child_id = request_id
-            if params.n > 1:
-                child_id = f"{request_id}#{i}"
-                child_params = SamplingParams(**{**params.__dict__, "n": 1})
-                if params.seed is not None:
-                    child_params.seed = params.seed + i
-            req = Request(
-                child_id, ids, child_params, arrival_time=now, priority=priority,
-                eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, prompt=text,
-            )
-            children.append(req)
-        for req in children:
-            self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, ids, req.sampling_params)
-            self._requests[req.request_id] = req
-            self.stats.requests[req.request_id] = RequestMetrics(arrival_time=now)
-        if params.n > 1 and self.can_fork:
-            # Parallel sampling: compute the prompt once (the first child), then fork the
-            # others off it when it samples, sharing its blocks copy-on-write.
-            self.scheduler.add_request(children[0])
-            self._fork_pending[children[0].request_id] = children[1:]
+        if params.n == 1:
+            samples = [(request_id, params)]
         else:
-            for req in children:
-                self.scheduler.add_request(req)
-        if params.n > 1:
-            self._parents[request_id] = _Parent(request_id, children)
-            for c in children:
-                self._child_to_parent[c.request_id] = request_id
+            samples = [(f"{request_id}#{i}", params.for_sample(i)) for i in range(params.n)]
+        children = [
+            Request(rid, ids, sp, arrival_time=now, priority=priority,
+                    eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, prompt=text)
+            for rid, sp in samples
+        ]
+        self.core.add_request(children[0], children[1:])
+        self.output_processor.add_request(request_id, text, children)
         return request_id
 
-    @property
-    def can_fork(self) -> bool:
-        """Forking shares blocks: only the continuous scheduler over the paged cache does it."""
-        return self.args.scheduler == "continuous" and self.args.kv_cache == "paged"
-
-    def abort_request(self, request_ids: str | Sequence[str]) -> None:
+    def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
+        """End requests now (``finish_reason="abort"``), free their blocks, and return their
+        final outputs. Unknown or already finished ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        expanded = []
-        for rid in ids:
-            parent = self._parents.get(rid)
-            expanded.extend([c.request_id for c in parent.children] if parent else [rid])
-        now = time.perf_counter()
-        for rid in expanded:  # siblings that were never forked are not in the scheduler
-            for kid in self._fork_pending.pop(rid, []):
-                kid.status = RequestStatus.FINISHED_ABORTED
-                self._stamp_finish(kid, now)
-        for req in self.scheduler.finish_requests(expanded, RequestStatus.FINISHED_ABORTED):
-            self._stamp_finish(req, now)
+        child_ids = [cid for rid in ids for cid in self.output_processor.family_child_ids(str(rid))]
+        ended = self.core.abort_requests(child_ids)
+        return self.output_processor.finished_outputs(ended)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.core.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.scheduler.running) + self.scheduler.num_waiting
+        """User requests (an ``n > 1`` request counts once) not finished yet."""
+        return len(self.output_processor)
 
     # --- the loop --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        start = time.perf_counter()
-        sched_out = self.scheduler.schedule()
-        pending = self._fork_pending
-        sampled = self.runner.execute(sched_out, pending or None)
-        now = time.perf_counter()
-        for leader_id in [lid for lid in pending if lid in sampled]:
-            leader = self._requests[leader_id]
-            for kid in pending.pop(leader_id):
-                self.scheduler.fork_request(leader, kid)
-        finished = self.scheduler.update_from_output(sched_out, sampled)
-        for req in sched_out.requests:
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = start
-                self.stats.requests[req.request_id].first_scheduled_time = start
-        touched: list[Request] = []
-        for rid, token in sampled.items():
-            req = self._requests[rid]
-            if req.first_token_time is None:
-                req.first_token_time = now
-                metrics = self.stats.requests[rid]
-                metrics.first_token_time = now
-                if metrics.first_scheduled_time is None:  # a forked sibling
-                    req.first_scheduled_time = metrics.first_scheduled_time = start
-            stop_hit = self._detok[rid].add_tokens([token])
-            if stop_hit is not None and not req.is_finished:
-                req.stop_reason = stop_hit
-                self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
-                finished.append(req)
-            touched.append(req)
-        for req in finished:
-            self._stamp_finish(req, now)
-        self.stats.record_step(self.scheduler, sched_out, start, time.perf_counter() - start)
-        if self.args.debug_checks:
-            self.check_invariants()
-        return self._make_outputs(touched)
-
-    def _stamp_finish(self, req: Request, now: float) -> None:
-        self.stats.record_finish(req, now)
-        self.sampler.forget(req.request_id)
+        """One engine step; a :class:`RequestOutput` for every request that got a token or
+        ended (a request that failed ends with ``finish_reason="error"``)."""
+        return self.output_processor.process(self.core.step())
 
     def check_invariants(self) -> None:
-        self.kv.check_invariants(self.scheduler.live_request_ids())
-
-    # --- outputs ---------------------------------------------------------------------------
-    def _completion(self, req: Request, index: int) -> CompletionOutput:
-        finished = req.is_finished
-        return CompletionOutput(
-            index=index,
-            text=self._detok[req.request_id].visible_text(finished),
-            token_ids=req.output_token_ids,
-            finish_reason=req.status.finish_reason,
-            stop_reason=req.stop_reason,
-        )
-
-    def _make_outputs(self, touched: list[Request]) -> list[RequestOutput]:
-        outputs, seen_parents = [], set()
-        for req in touched:
-            parent_id = self._child_to_parent.get(req.request_id)
-            if parent_id is None:
-                outputs.append(self._request_output(req.request_id, [req]))
-            elif parent_id not in seen_parents:
-                seen_parents.add(parent_id)
-                outputs.append(self._request_output(parent_id, self._parents[parent_id].children))
-        for out in outputs:
-            if out.finished:
-                self._forget(out.request_id)
-        return outputs
-
-    def _request_output(self, request_id: str, reqs: list[Request]) -> RequestOutput:
-        first = reqs[0]
-        return RequestOutput(
-            request_id=request_id,
-            prompt=first.prompt,
-            prompt_token_ids=first.prompt_token_ids,
-            outputs=[self._completion(r, i) for i, r in enumerate(reqs)],
-            finished=all(r.is_finished for r in reqs),
-            num_cached_tokens=first.num_cached_tokens,
-            metrics=self.stats.requests.get(first.request_id),
-        )
-
-    def _forget(self, request_id: str) -> None:
-        parent = self._parents.pop(request_id, None)
-        reqs = parent.children if parent else None
-        ids = [c.request_id for c in reqs] if reqs else [request_id]
-        for rid in ids:
-            self._detok.pop(rid, None)
-            self._child_to_parent.pop(rid, None)
-            self._requests.pop(rid, None)
+        self.core.check_invariants()
 
     def get_stats(self) -> EngineStats:
-        self.stats.prefix_hit_rate = self.scheduler.prefix_hit_rate
-        self.stats.prefill_tokens_skipped = (
-            self.scheduler.prefix_hit_tokens + self.scheduler.num_forked_tokens
-        )
-        return self.stats
+        return self.core.stats
+
+    def reset_stats(self) -> None:
+        """Start the statistics afresh (e.g. after a warm-up run)."""
+        self.core.stats.reset()
+
+
+def _available_host_memory() -> int | None:
+    """Bytes of memory the OS says are available (Linux ``MemAvailable``), or ``None``."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

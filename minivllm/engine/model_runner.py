@@ -1,9 +1,11 @@
-"""Turn a :class:`SchedulerOutput` into one flat forward pass and sampled tokens.
+"""The executor that runs a step for real: one flat forward pass, then sampling.
 
 For every scheduled request the runner appends its new tokens to one flat batch, with their
-positions and the cache slot each token's K/V goes to (looked up in the request's block
-table). It computes logits only for rows that sample (the last real token of each request
-whose prompt is fully computed), not for every prompt token.
+positions and the cache slot each token's K/V goes to (``block * block_size + offset``, looked
+up in the block table that the :class:`~minivllm.core.scheduler_output.SchedulerOutput`
+carries: the runner never asks the KV cache manager anything). It computes logits only for
+rows that sample (the last real token of each request whose prompt is fully computed) and for
+prompt rows whose log-probabilities were asked for, not for every prompt token.
 """
 
 from __future__ import annotations
@@ -12,43 +14,45 @@ import torch
 
 from minivllm.attention.cache_ops import copy_blocks
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.core.scheduler import SchedulerOutput
-from minivllm.engine.sampler import Sampler
+from minivllm.core.interfaces import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.engine.sampler import Sampler, compute_logprobs
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.request import Request
 
 
 class ModelRunner:
+    """``execute(scheduler_output) -> ModelRunnerOutput`` over a model and its paged caches."""
+
     def __init__(
         self,
         model: LlamaFamilyModel,
-        kv_cache_manager,
+        num_blocks: int,
+        block_size: int,
         sampler: Sampler,
         pad_token_id: int = 0,
         kv_cache_dtype: torch.dtype | None = None,
     ):
         self.model = model
-        self.kv = kv_cache_manager
         self.sampler = sampler
         self.pad_token_id = pad_token_id
         self.device = model.lm_head.weight.device
-        self.block_size = kv_cache_manager.block_size
-        self.kv_caches = model.allocate_kv_cache(
-            kv_cache_manager.num_blocks, self.block_size, dtype=kv_cache_dtype
-        )
+        self.block_size = block_size
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, dtype=kv_cache_dtype)
 
-    def prepare_inputs(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Flat ``input_ids``, ``positions``, attention metadata, and the rows to sample."""
+    def prepare_inputs(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Flat ``input_ids [T]``, ``positions [T]``, attention metadata, and the row of each
+        entry's last real token."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        query_lens, seq_lens, tables, sample_rows = [], [], [], []
-        for s in out.scheduled:
-            req = s.request
-            start, n, pad = s.num_computed, s.num_new, s.num_padding
-            ids = self.kv.get_block_ids(req.request_id)
-            row0 = len(input_ids)
+        query_lens, seq_lens, last_rows = [], [], []
+        pads = out.num_padding
+        for req, start, n, ids in zip(out.requests, out.num_computed, out.num_new, out.block_ids, strict=True):
+            pad = pads.get(req.request_id, 0) if pads else 0
             if n == 1 and not pad:  # decode: the common case, keep it cheap
                 input_ids.append(req.all_token_ids[start])
                 positions.append(start)
@@ -60,52 +64,89 @@ class ModelRunner:
                 if pad:
                     input_ids.extend([self.pad_token_id] * pad)
                     slots.extend([-1] * pad)  # computed, never stored
+            last_rows.append(len(input_ids) - pad - 1)
             query_lens.append(n + pad)
             seq_lens.append(start + n + pad)
-            tables.append(ids)
-            if s.sample:
-                sample_rows.append(row0 + n - 1)
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, self.device)
+        meta = AttentionMetadata.build(query_lens, seq_lens, out.block_ids, slots, bs, self.device)
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return ids_t, pos_t, meta, sample_rows
+        return ids_t, pos_t, meta, last_rows
 
     @torch.inference_mode()
-    def compute_logits(self, out: SchedulerOutput) -> tuple[list[Request], torch.Tensor | None]:
-        """Copy-on-write copies, then the forward pass. Returns the requests that sample this
-        step and their logits ``[num_sampling, vocab]`` (float32)."""
+    def forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int]] | None:
+        """Copy-on-write copies, then the forward pass. Returns ``(hidden [T, hidden], the last
+        real row of each entry)``, or ``None`` for an empty step."""
         if out.blocks_to_copy:
             copy_blocks(self.kv_caches, out.blocks_to_copy)
         if out.is_empty:
-            return [], None
-        input_ids, positions, meta, sample_rows = self.prepare_inputs(out)
-        hidden = self.model(input_ids, positions, meta)
-        sampling = [s.request for s in out.scheduled if s.sample]
-        if not sampling:
-            return [], None
-        return sampling, self.model.compute_logits(hidden[sample_rows]).float()
+            return None
+        input_ids, positions, meta, last_rows = self.prepare_inputs(out)
+        return self.model(input_ids, positions, meta), last_rows
 
     @torch.inference_mode()
-    def execute(
-        self, out: SchedulerOutput, fork_children: dict[str, list[Request]] | None = None
-    ) -> dict[str, int]:
-        """Run the step; return ``{request_id: sampled token}``.
-
-        ``fork_children`` (parallel sampling): for a request id that samples this step, also
-        draw one token for each listed child from the same logits row, each with the child's
-        own settings and generator. The prompt is computed once for all of them.
-        """
-        sampling, logits = self.compute_logits(out)
-        if not sampling:
-            return {}
-        if fork_children:
-            rows, extra = [], []
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step; sample a token for every request that samples (and for the siblings
+        in ``out.forks``, each from its leader's row with its own settings)."""
+        if out.finished_req_ids:
+            self.sampler.forget(out.finished_req_ids)
+        result = ModelRunnerOutput()
+        forward = self.forward(out)
+        if forward is None:
+            return result
+        hidden, last_rows = forward
+        self._prompt_logprobs(out, hidden, result)
+        rows = [row for row, s in zip(last_rows, out.sample, strict=True) if s]
+        if not rows:
+            return result
+        sampling = [r for r, s in zip(out.requests, out.sample, strict=True) if s]
+        logits = self.model.compute_logits(hidden[rows]).float()
+        if out.forks:  # parallel sampling: siblings draw from their leader's row
+            extra_rows, extra = [], []
             for i, req in enumerate(sampling):
-                for child in fork_children.get(req.request_id, ()):
-                    rows.append(i)
-                    extra.append(child)
+                for kid in out.forks.get(req.request_id, ()):
+                    extra_rows.append(i)
+                    extra.append(kid)
             if extra:
-                logits = torch.cat([logits, logits[rows]])
+                logits = torch.cat([logits, logits[extra_rows]])
                 sampling = sampling + extra
-        tokens = self.sampler(logits, sampling)
-        return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        tokens, failed = self.sampler(logits, sampling)
+        for i, req in enumerate(sampling):
+            if i in failed:
+                result.failed[req.request_id] = failed[i]
+            else:
+                result.sampled[req.request_id] = tokens[i]
+        self._sample_logprobs(logits, sampling, tokens, failed, result)
+        return result
+
+    @staticmethod
+    def _sample_logprobs(logits, sampling: list[Request], tokens, failed, result: ModelRunnerOutput) -> None:
+        want = [
+            i for i, r in enumerate(sampling)
+            if r.sampling_params.logprobs is not None and i not in failed
+        ]
+        if not want:
+            return
+        entries = compute_logprobs(
+            logits[want], [tokens[i] for i in want], [sampling[i].sampling_params.logprobs for i in want]
+        )
+        for i, entry in zip(want, entries, strict=True):
+            result.logprobs[sampling[i].request_id] = entry
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
+        """Log-probabilities of the prompt tokens this step computes, for the requests that
+        asked (``prompt_logprobs``): row ``p`` predicts prompt token ``p + 1``."""
+        row = 0
+        pads = out.num_padding
+        for req, start, n in zip(out.requests, out.num_computed, out.num_new, strict=True):
+            k = req.sampling_params.prompt_logprobs
+            num_prompt = req.num_prompt_tokens
+            if k is not None and start < num_prompt - 1:
+                stop = min(start + n, num_prompt - 1)  # the last prompt row predicts an output
+                targets = req.all_token_ids[start + 1 : stop + 1]
+                logits = self.model.compute_logits(hidden[row : row + stop - start])
+                entries: list = [None] if start == 0 else []
+                entries.extend(compute_logprobs(logits, targets, [k] * len(targets)))
+                result.prompt_logprobs[req.request_id] = entries
+            elif k is not None and start == 0:
+                result.prompt_logprobs[req.request_id] = [None]
+            row += n + (pads.get(req.request_id, 0) if pads else 0)

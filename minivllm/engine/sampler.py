@@ -2,19 +2,29 @@
 
 Order of operations (the same as Hugging Face ``generate`` and vLLM): temperature, then
 top-k, then top-p, then a draw. Greedy rows (temperature 0) take the argmax of the raw logits.
-A request with a ``seed`` draws from its own ``torch.Generator``, so its samples do not depend
-on which other requests share the batch.
+
+Everything runs on the logits' device, for all rows at once. The draw is the *exponential
+race*: for probabilities ``p`` and independent ``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is
+distributed exactly as a draw from ``p`` (it is the Gumbel-max trick in another form), and it
+needs one random number per (row, token) instead of a sequential search. A request with a
+``seed`` draws its noise from its own ``torch.Generator``, so its samples do not depend on which
+other requests share the batch or in which order.
+
+A row whose logits are not usable (NaN, +inf, or every token impossible) cannot be sampled:
+it is reported in ``failed`` and gets no token, and the other rows are unaffected.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minivllm.core.interfaces import Logprobs
 from minivllm.request import Request
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Keep each row's ``top_k`` largest logits (``0`` keeps all). ``logits [N, V]``."""
+    """Keep each row's ``top_k`` largest logits (``0`` keeps all). ``logits [N, V]``,
+    ``top_k [N]`` on the same device."""
     vocab = logits.shape[-1]
     k = torch.where(top_k <= 0, vocab, top_k.clamp(max=vocab)).long()
     sorted_desc = logits.sort(dim=-1, descending=True).values
@@ -33,51 +43,87 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(mask, float("-inf"))
 
 
-class Sampler:
-    def __init__(self, seed: int | None = None):
-        self._generators: dict[str, torch.Generator] = {}
-        self._default = torch.Generator()
-        if seed is not None:
-            self._default.manual_seed(seed)
+def unusable_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``[N]`` bool: rows with a NaN or +inf, or with no finite logit at all."""
+    return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
-    def _generator(self, req: Request) -> torch.Generator:
-        seed = req.sampling_params.seed
-        if seed is None:
-            return self._default
-        gen = self._generators.get(req.request_id)
+
+class Sampler:
+    """``sampler(logits [N, V], requests) -> (token ids, failed rows)``."""
+
+    def __init__(self, seed: int | None = None):
+        self.seed = seed
+        self._generators: dict[str, torch.Generator] = {}  # seeded requests, by request id
+        self._default: dict[torch.device, torch.Generator] = {}  # unseeded rows, per device
+
+    def _default_generator(self, device: torch.device) -> torch.Generator:
+        gen = self._default.get(device)
         if gen is None:
-            gen = self._generators[req.request_id] = torch.Generator()
-            gen.manual_seed(seed)
+            gen = self._default[device] = torch.Generator(device=device)
+            if self.seed is not None:
+                gen.manual_seed(self.seed)
+            else:
+                gen.seed()
         return gen
 
-    def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+    def _request_generator(self, req: Request, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(req.request_id)
+        if gen is None:
+            gen = self._generators[req.request_id] = torch.Generator(device=device)
+            gen.manual_seed(req.sampling_params.seed)
+        return gen
+
+    def forget(self, request_ids) -> None:
+        """Drop the generators of requests that ended."""
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            self._generators.pop(rid, None)
 
     def filter_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """Apply temperature, top-k and top-p to ``logits [N, V]`` (float32)."""
         params = [r.sampling_params for r in requests]
-        temps = torch.tensor([p.temperature or 1.0 for p in params], dtype=logits.dtype)
+        dev = logits.device
+        temps = torch.tensor([p.temperature or 1.0 for p in params], dtype=logits.dtype, device=dev)
         logits = logits / temps[:, None]
         if any(p.top_k > 0 for p in params):
-            logits = apply_top_k(logits, torch.tensor([p.top_k for p in params]))
+            logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev))
         if any(p.top_p < 1.0 for p in params):
-            logits = apply_top_p(logits, torch.tensor([p.top_p for p in params], dtype=logits.dtype))
+            top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=dev)
+            logits = apply_top_p(logits, top_p)
         return logits
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """``logits [N, V]`` (one row per sampling request) -> N token ids."""
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[int, str]]:
+        """``logits [N, V]`` (one row per sampling request) -> ``(N token ids, failed)`` where
+        ``failed`` maps a row index to why it could not be sampled (its token is then -1)."""
         logits = logits.float()
         self._suppress_early_stops(logits, requests)
-        greedy = [r.sampling_params.temperature == 0.0 for r in requests]
-        tokens = logits.argmax(dim=-1).tolist()
-        if all(greedy):
-            return tokens
-        rows = [i for i, g in enumerate(greedy) if not g]
-        sub = [requests[i] for i in rows]
-        probs = self.filter_logits(logits[rows], sub).softmax(dim=-1).cpu()
-        for j, (i, req) in enumerate(zip(rows, sub, strict=True)):
-            tokens[i] = int(torch.multinomial(probs[j], 1, generator=self._generator(req)))
-        return tokens
+        bad = unusable_rows(logits)
+        failed: dict[int, str] = {}
+        if bool(bad.any()):
+            for i in bad.nonzero().flatten().tolist():
+                failed[i] = "the model produced non-finite logits (NaN or inf) for this request"
+            logits = logits.masked_fill(bad[:, None], 0.0)
+        tokens = logits.argmax(dim=-1)
+        sampled_rows = [i for i, r in enumerate(requests) if r.sampling_params.temperature != 0.0]
+        if sampled_rows:
+            rows = torch.tensor(sampled_rows, device=logits.device)
+            sub = [requests[i] for i in sampled_rows]
+            probs = self.filter_logits(logits[rows], sub).softmax(dim=-1)
+            noise = self._exponential_noise(probs, sub)
+            tokens[rows] = (probs / noise).argmax(dim=-1)
+        out = tokens.tolist()
+        for i in failed:
+            out[i] = -1
+        return out, failed
+
+    def _exponential_noise(self, probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """``Exp(1)`` noise shaped like ``probs``: seeded rows from their own generators."""
+        noise = torch.empty_like(probs)
+        seeded = [i for i, r in enumerate(requests) if r.sampling_params.seed is not None]
+        if len(seeded) < len(requests):
+            noise.exponential_(generator=self._default_generator(probs.device))
+        for i in seeded:
+            noise[i].exponential_(generator=self._request_generator(requests[i], probs.device))
+        return noise
 
     @staticmethod
     def _suppress_early_stops(logits: torch.Tensor, requests: list[Request]) -> None:
@@ -87,3 +133,25 @@ class Sampler:
                 stop_ids = list(r.stop_token_set)
                 if stop_ids:
                     logits[i, stop_ids] = float("-inf")
+
+
+def compute_logprobs(
+    logits: torch.Tensor, token_ids: list[int], num_top: list[int]
+) -> list[Logprobs]:
+    """Log-probabilities of ``token_ids[i]`` under row ``i`` of ``logits [N, V]`` (the raw model
+    distribution, before temperature or filters, as vLLM reports them), its rank, and the
+    ``num_top[i]`` most likely tokens of the row."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    idx = torch.tensor(token_ids, device=logits.device)
+    chosen = logprobs.gather(1, idx[:, None]).squeeze(1)
+    ranks = (logprobs > chosen[:, None]).sum(-1) + 1
+    k = max(num_top, default=0)
+    top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+    chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
+    top_v = top_vals.tolist() if k else None
+    top_i = top_ids.tolist() if k else None
+    out = []
+    for i, tok in enumerate(token_ids):
+        top = list(zip(top_i[i][: num_top[i]], top_v[i][: num_top[i]], strict=True)) if k else []
+        out.append(Logprobs(tok, chosen_l[i], ranks_l[i], top))
+    return out

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the checkpoint shipped with the package (see docs/tiny_model.md)
+TINY_MODEL_DIR = str(Path(__file__).resolve().parent.parent / "tiny_model")
+
 # architecture name in config.json -> the features our decoder switches on for it
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {"qkv_bias": False, "qk_norm": False},

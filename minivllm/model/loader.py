@@ -9,10 +9,8 @@ import torch
 from safetensors import safe_open
 
 from minivllm.attention import get_attention_backend
-from minivllm.model.config import ModelConfig
+from minivllm.model.config import TINY_MODEL_DIR, ModelConfig
 from minivllm.model.llama import LlamaFamilyModel
-
-TINY_MODEL_DIR = str(Path(__file__).resolve().parent.parent / "tiny_model")
 
 _DTYPES = {
     "float32": torch.float32,

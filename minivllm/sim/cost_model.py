@@ -44,19 +44,18 @@ from minivllm.sim.model_spec import ModelSpec
 
 
 def scheduled_rows(sched_out) -> list[tuple[int, int, bool]]:
-    """``(num_cached, num_rows, sample)`` per scheduled request of a fresh ``SchedulerOutput``.
+    """``(num_cached, num_rows, sample)`` per scheduled request of a ``SchedulerOutput``.
 
-    The scheduler has already advanced ``num_computed_tokens`` by the step's tokens, so the
-    cached context is ``num_computed_tokens - num_new``; a request samples when its computed
-    tokens catch up with all its tokens. Padding rows (static batching) are real rows.
+    ``num_rows`` counts the new tokens plus padding (static batching's pads and idle seats are
+    real rows: they cost what a real row costs).
     """
     pads = sched_out.num_padding
-    rows = []
-    for req, n in zip(sched_out.requests, sched_out.num_new, strict=True):
-        done = req.num_computed_tokens
-        pad = pads.get(req.request_id, 0) if pads else 0
-        rows.append((done - n, n + pad, n > 0 and done == len(req.all_token_ids)))
-    return rows
+    return [
+        (done, n + (pads.get(req.request_id, 0) if pads else 0), sample)
+        for req, done, n, sample in zip(
+            sched_out.requests, sched_out.num_computed, sched_out.num_new, sched_out.sample, strict=True
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -151,8 +150,8 @@ class CostModel:
         )
 
     def schedule_cost(self, sched_out) -> StepCost:
-        """Cost of a :class:`~minivllm.core.scheduler.SchedulerOutput` as the engine would run
-        it. Call it right after ``schedule()``, before ``update_from_output`` appends tokens."""
+        """Cost of a :class:`~minivllm.core.scheduler_output.SchedulerOutput` as the engine
+        would run it."""
         return self.step_cost(scheduled_rows(sched_out))
 
     def decode_step(self, batch_size: int, context_len: int) -> StepCost:

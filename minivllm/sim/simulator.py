@@ -26,18 +26,42 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from minivllm.config import EngineArgs
-from minivllm.core.contiguous_kv import ContiguousKVCacheManager
-from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.core.static_scheduler import StaticBatchScheduler
+from minivllm.config import EngineArgs, build_scheduler
+from minivllm.core.engine_core import EngineCore, EngineStalledError
+from minivllm.core.interfaces import ModelRunnerOutput
+from minivllm.core.kv_cache_manager import cdiv
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.metrics import EngineStats
-from minivllm.outputs import RequestMetrics
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 from minivllm.sim.cost_model import CostModel, StepCost, scheduled_rows
 from minivllm.sim.hardware import Hardware, get_hardware
 from minivllm.sim.model_spec import ModelSpec, preset
+
+
+class CostModelExecutor:
+    """The simulator's executor: prices a step with the roofline instead of running it.
+
+    Every request that samples gets ``placeholder_token``; the simulated ``clock`` advances by
+    the step's modelled time. ``step_costs`` keeps every step's :class:`StepCost`.
+    """
+
+    def __init__(self, cost_model: CostModel, placeholder_token: int = 0):
+        self.cost_model = cost_model
+        self.placeholder_token = placeholder_token
+        self.clock = 0.0
+        self.step_costs: list[StepCost] = []
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        cost = self.cost_model.step_cost(scheduled_rows(out))
+        self.step_costs.append(cost)
+        self.clock += cost.time
+        token = self.placeholder_token
+        sampled = {r.request_id: token for r, s in zip(out.requests, out.sample, strict=True) if s}
+        for leader, kids in out.forks.items():
+            if leader in sampled:
+                sampled.update((k.request_id, token) for k in kids)
+        return ModelRunnerOutput(sampled=sampled)
 
 
 class Simulator:
@@ -46,9 +70,9 @@ class Simulator:
     ``model``: a :class:`ModelSpec` or a preset name; ``hardware``: a :class:`Hardware` or a
     name from :data:`minivllm.sim.hardware.HARDWARE`. ``engine_args`` are the keywords of
     :class:`minivllm.config.EngineArgs` (``block_size``, ``num_kv_blocks``, ``max_num_seqs``,
-    ``scheduler``, ``kv_cache``, ...); arguments about the model runner (``dtype``,
-    ``device``, ``attention_backend``) are accepted and ignored. The KV dtype is the
-    ``ModelSpec``'s ``kv_dtype``.
+    ``scheduler``, ``kv_cache``, ... including plug-in instances); arguments about the model
+    runner (``dtype``, ``device``, ``attention_backend``) are accepted and ignored. The KV
+    dtype is the ``ModelSpec``'s ``kv_dtype``.
     """
 
     def __init__(
@@ -78,34 +102,34 @@ class Simulator:
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
                 f"{self.model.max_position_embeddings}"
             )
-        chunked = args.enable_chunked_prefill
-        # same default token budget as LLMEngine
-        budget = args.max_num_batched_tokens or (2048 if chunked else max(2048, self.max_model_len))
         self._activation_reserve = (
             activation_reserve_bytes
             if activation_reserve_bytes is not None
-            else self.estimate_activation_bytes(budget, args.max_num_seqs)
+            else self.estimate_activation_bytes(args.token_budget(self.max_model_len), args.max_num_seqs)
         )
-        num_blocks = self._num_kv_blocks()
-        if args.kv_cache == "contiguous":
-            self.kv = ContiguousKVCacheManager(num_blocks, args.block_size, self.max_model_len)
-        else:
-            self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
-        sched_cfg = SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=budget,
-            max_model_len=self.max_model_len,
-            enable_chunked_prefill=chunked,
-            policy=args.scheduling_policy,
-        )
-        sched_cls = StaticBatchScheduler if args.scheduler == "static" else Scheduler
-        self.scheduler = sched_cls(sched_cfg, self.kv)
-        self.stats = EngineStats()
-        self.clock = 0.0
+        self.scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
+        self.kv = self.scheduler.kv
+        self.executor = CostModelExecutor(self.cost_model, placeholder_token)
+        self.core = EngineCore(self.scheduler, self.executor, clock=lambda: self.executor.clock)
         self.record_decisions = record_decisions
         self.decisions: list[list[tuple[str, int]]] = []  # one entry per step, if recorded
-        self.step_costs: list[StepCost] = []
-        self.placeholder_token = placeholder_token
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats
+
+    @property
+    def clock(self) -> float:
+        """The simulated time (seconds)."""
+        return self.executor.clock
+
+    @clock.setter
+    def clock(self, value: float) -> None:
+        self.executor.clock = value
+
+    @property
+    def step_costs(self) -> list[StepCost]:
+        return self.executor.step_costs
 
     # --- memory --------------------------------------------------------------------------
     def estimate_activation_bytes(self, max_batched_tokens: int, max_num_seqs: int) -> float:
@@ -167,47 +191,25 @@ class Simulator:
                 f"request {request_id}: the prompt has {len(prompt_token_ids)} tokens but "
                 f"max_model_len={self.max_model_len}"
             )
-        if request_id in self.stats.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
         req = Request(request_id, list(prompt_token_ids), params, arrival_time=arrival_time, priority=priority)
-        self.scheduler.add_request(req)
-        self.stats.requests[request_id] = RequestMetrics(arrival_time=arrival_time)
+        self.core.add_request(req)
         return req
 
     # --- the loop ------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One engine step at the current clock; returns the requests that finished."""
-        start = self.clock
-        out = self.scheduler.schedule()
+        core_out = self.core.step()
         if self.record_decisions:
-            self.decisions.append(out.decisions())
-        rows = scheduled_rows(out)
-        cost = self.cost_model.step_cost(rows)
-        self.step_costs.append(cost)
-        now = start + cost.time
-        token = self.placeholder_token
-        sampled = {
-            req.request_id: token for req, (_, _, sample) in zip(out.requests, rows, strict=True) if sample
-        }
-        finished = self.scheduler.update_from_output(out, sampled)
-        metrics = self.stats.requests
-        for req, (_, _, sample) in zip(out.requests, rows, strict=True):
-            m = metrics[req.request_id]
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = m.first_scheduled_time = start
-            if sample and req.first_token_time is None:
-                req.first_token_time = m.first_token_time = now
-        for req in finished:
-            self.stats.record_finish(req, now)
-        self.stats.record_step(self.scheduler, out, start, cost.time)
-        self.clock = now
-        return finished
+            self.decisions.append(core_out.scheduler_output.decisions())
+        return core_out.finished
 
     def run(self, trace: Iterable, max_steps: int | None = None, check_invariants: bool = False) -> EngineStats:
         """Serve every item of ``trace`` (objects with ``request_id``, ``arrival_time``,
         ``output_len``, ``priority`` and ``prompt_token_ids(vocab_size)``, e.g.
-        :class:`minivllm.workloads.TraceItem`) to completion; return the statistics."""
+        :class:`minivllm.workloads.TraceItem`) to completion; return the statistics.
+        Raises :class:`~minivllm.core.engine_core.EngineStalledError` if requests wait that can
+        never be scheduled."""
         items = sorted(trace, key=lambda it: it.arrival_time)  # stable: ties keep trace order
         i = 0
         steps_left = math.inf if max_steps is None else max_steps
@@ -224,17 +226,10 @@ class Simulator:
                 i += 1
             if steps_left <= 0:
                 break
-            finished = self.step()
+            self.step()
             steps_left -= 1
-            last = self.stats.steps[-1]
-            if last.num_batched_seqs == 0 and last.num_preemptions == 0 and not finished:
-                raise RuntimeError(
-                    f"step {last.step}: {sched.num_waiting} waiting request(s) can never be scheduled "
-                    f"(KV pool of {self.kv.num_blocks} blocks x {self.args.block_size} tokens)"
-                )
             if check_invariants:
-                self.kv.check_invariants(sched.live_request_ids())
-        self.stats.prefix_hit_rate = sched.prefix_hit_rate
+                self.core.check_invariants()
         return self.stats
 
     # --- summaries -----------------------------------------------------------------------
@@ -250,3 +245,6 @@ class Simulator:
         s["usd"] = busy / 3600 * self.hardware.usd_per_hour
         s["output_tokens_per_usd"] = s["output_tokens"] / s["usd"] if s["usd"] else float("nan")
         return s
+
+
+__all__ = ["Simulator", "CostModelExecutor", "EngineStalledError"]

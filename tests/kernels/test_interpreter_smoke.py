@@ -63,9 +63,13 @@ def test_interpreter_is_on_without_cuda():
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present: kernels run compiled")
 def test_fresh_process_switches_interpreter_on():
-    """``import minivllm`` alone must set the flag, in a process that never set it."""
+    """Importing minivllm's attention package (which every engine import does, before any
+    kernel is defined) must set the flag, in a process that never set it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = "import os, minivllm; print(os.environ.get('TRITON_INTERPRET'), minivllm.TRITON_MODE)"
+    code = (
+        "import os, minivllm.attention, minivllm; "
+        "print(os.environ.get('TRITON_INTERPRET'), minivllm.TRITON_MODE)"
+    )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "interpreted"]

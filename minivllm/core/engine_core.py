@@ -1,0 +1,278 @@
+"""``EngineCore``: the one step loop -- schedule, execute, update -- shared by everything.
+
+    schedule()        the scheduler plans the step          (SchedulerOutput)
+    execute()         an executor runs it                   (ModelRunnerOutput)
+                        the model runner: real tensors, sampled tokens
+                        the simulator's cost model: a clock, placeholder tokens
+    commit            blocks the step filled join the prefix cache (their K/V now exists)
+    fork              n > 1: the siblings of a request that sampled its first token fork off it
+    update            tokens appended, stop rules, finished requests free their blocks
+    record            one StepStats, request timestamps: the same code for engine and simulator
+
+The real engine (``minivllm.engine.LLMEngine``), the GPU-scale simulator
+(``minivllm.sim.Simulator``) and beam search all drive this class, so they cannot drift apart.
+It is pure Python: the executor is the only part that may touch tensors.
+
+Failure semantics (see ``docs/architecture.md``): a request whose row cannot be sampled
+(``ModelRunnerOutput.failed``) ends with status ``FINISHED_ERROR`` and its blocks are freed; an
+exception from the executor ends every request of that step the same way (the K/V the step may
+have half-written is never registered in the prefix cache) and the engine keeps serving the
+rest. Nothing waits forever: a step that plans nothing while requests wait raises
+:class:`EngineStalledError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from minivllm.core.interfaces import (
+    Executor,
+    ForkingKVCacheManager,
+    ForkingScheduler,
+    Logprobs,
+    ModelRunnerOutput,
+    Scheduler,
+)
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.metrics import EngineStats
+from minivllm.request import Request, RequestStatus
+
+logger = logging.getLogger("minivllm")
+
+TokenChooser = Callable[[SchedulerOutput, ModelRunnerOutput], dict[str, int]]
+
+
+class EngineStalledError(RuntimeError):
+    """A step planned nothing although requests are waiting: they can never be scheduled."""
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one step did.
+
+    ``sampled``: request id -> the token appended this step; ``finished``: requests that ended
+    in this step (stop token, length, a failed row, a failed step); ``failed``: request id ->
+    error message for those that ended with an error; ``logprobs`` / ``prompt_logprobs`` as the
+    executor returned them.
+    """
+
+    scheduler_output: SchedulerOutput
+    start_time: float
+    end_time: float
+    sampled: dict[str, int] = field(default_factory=dict)
+    finished: list[Request] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list] = field(default_factory=dict)
+
+
+class EngineCore:
+    """Owns a scheduler (and through it the KV cache manager), an executor, the step loop and
+    the statistics. ``clock`` gives the time: wall-clock for the engine, the simulated clock
+    for the simulator."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        stats: EngineStats | None = None,
+        debug_checks: bool = False,
+    ):
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock
+        self.stats = stats if stats is not None else EngineStats()
+        self.debug_checks = debug_checks
+        # n > 1: leader request id -> siblings to fork off it when it samples its first token
+        self._pending_forks: dict[str, list[Request]] = {}
+        self._finished_since_last_step: set[str] = set()
+        self.kv_write_tracker = None
+        if debug_checks:
+            from minivllm.core.kv_write_tracker import KVWriteTracker
+
+            self.kv_write_tracker = KVWriteTracker(scheduler.kv.block_size)
+
+    @property
+    def kv(self):
+        return self.scheduler.kv
+
+    @property
+    def can_fork(self) -> bool:
+        """Sharing blocks copy-on-write needs a forking scheduler over a forking KV manager
+        (the static baseline and the contiguous cache cannot share)."""
+        return (
+            isinstance(self.scheduler, ForkingScheduler)
+            and isinstance(self.kv, ForkingKVCacheManager)
+            and getattr(self.scheduler, "supports_forking", True)
+        )
+
+    # --- requests --------------------------------------------------------------------------
+    def add_request(self, request: Request, siblings: Sequence[Request] = ()) -> None:
+        """Queue ``request``. ``siblings`` (parallel sampling): requests with the same prompt
+        that fork off ``request`` once it samples its first token, sharing its KV blocks; if
+        this engine cannot fork they are queued as independent requests."""
+        for r in (request, *siblings):
+            if r.request_id in self.scheduler.requests or self._is_pending_sibling(r.request_id):
+                raise ValueError(f"request_id {r.request_id!r} is already in use")
+            self.stats.add_request(r.request_id, r.arrival_time)
+        self.scheduler.add_request(request)
+        if siblings and self.can_fork:
+            self._pending_forks[request.request_id] = list(siblings)
+        else:
+            for r in siblings:
+                self.scheduler.add_request(r)
+
+    def _is_pending_sibling(self, request_id: str) -> bool:
+        return any(request_id == s.request_id for kids in self._pending_forks.values() for s in kids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        pending = sum(len(kids) for kids in self._pending_forks.values())
+        return len(self.scheduler.running) + self.scheduler.num_waiting + pending
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside (an abort, a stop string, an error) with ``status``:
+        they leave the scheduler, free their blocks, and their unforked siblings end too.
+        Unknown and already finished ids are ignored. Returns the requests that ended."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        now = self.clock()
+        ended: list[Request] = []
+        for rid in ids:  # siblings that never forked are not in the scheduler
+            for kid in self._pending_forks.pop(rid, []):
+                kid.status = status
+                ended.append(kid)
+        ended.extend(self.scheduler.finish_requests(ids, status))
+        for req in ended:
+            self._record_finish(req, now)
+        return ended
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def _record_finish(self, req: Request, now: float) -> None:
+        self.stats.record_finish(req, now)
+        self._finished_since_last_step.add(req.request_id)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def step(self, choose_tokens: TokenChooser | None = None) -> EngineCoreOutput:
+        """Run one step. ``choose_tokens`` (beam search) may replace the sampled tokens: it gets
+        the plan and the executor's output and returns ``{request_id: token}`` to append
+        (a request left out gets no token this step and waits)."""
+        sched = self.scheduler
+        start = self.clock()
+        out = sched.schedule()
+        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
+        if self._pending_forks:
+            self._attach_forks(out)
+        if self.kv_write_tracker is not None:
+            self.kv_write_tracker.check_step(out)
+        try:
+            result = self.executor.execute(out)
+        except BaseException as err:
+            core_out = self._fail_step(out, err, start)
+            if not isinstance(err, Exception):  # KeyboardInterrupt: state is clean, re-raise
+                raise
+            return core_out
+        self.kv.commit_written_blocks()
+        core_out = EngineCoreOutput(
+            out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
+        )
+        if result.failed:
+            self._fail_requests(result.failed, core_out)
+        self._fork_siblings(out, result)
+        tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
+        tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}
+        finished = sched.update_from_output(tokens)
+        now = self.clock()
+        core_out.end_time = now
+        core_out.sampled = tokens
+        self._record_times(out, tokens, start, now)
+        for req in finished:
+            self._record_finish(req, now)
+        core_out.finished.extend(finished)
+        self._record_step(out, start, now)
+        if not out.requests and not out.preempted and not finished and sched.has_unfinished_requests():
+            raise EngineStalledError(self._stall_message())
+        if self.debug_checks:
+            self.check_invariants()
+        return core_out
+
+    def _attach_forks(self, out: SchedulerOutput) -> None:
+        """Tell the executor which siblings draw their first token from a leader's row."""
+        sampling = {r.request_id for r, s in zip(out.requests, out.sample, strict=True) if s}
+        out.forks = {lid: kids for lid, kids in self._pending_forks.items() if lid in sampling}
+
+    def _fork_siblings(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        for leader_id, kids in out.forks.items():
+            if leader_id not in result.sampled:
+                continue  # its row failed: the siblings were failed with it
+            self._pending_forks.pop(leader_id, None)
+            leader = self.scheduler.requests[leader_id]
+            for kid in kids:
+                self.scheduler.fork_request(leader, kid)
+
+    def _fail_requests(self, failed: dict[str, str], core_out: EngineCoreOutput) -> None:
+        """End requests whose rows failed (and their unforked siblings) with an error."""
+        for rid, message in failed.items():
+            for kid in self._pending_forks.get(rid, []):
+                core_out.failed[kid.request_id] = message
+            core_out.failed[rid] = message
+        ended = self.finish_requests(list(failed), RequestStatus.FINISHED_ERROR)
+        core_out.finished.extend(ended)
+
+    def _fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> EngineCoreOutput:
+        """The executor raised: end every request of the step with the error, keep the rest."""
+        self.kv.discard_unwritten_blocks()
+        message = f"{type(err).__name__}: {err}"
+        if isinstance(err, Exception):
+            logger.error("a step of %d request(s) failed: %s", len(out.requests), message, exc_info=err)
+        core_out = EngineCoreOutput(out, start, start)
+        self._fail_requests({r.request_id: message for r in out.requests}, core_out)
+        core_out.end_time = self.clock()
+        self._record_step(out, start, core_out.end_time)
+        return core_out
+
+    def _record_times(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
+        stats = self.stats
+        for req in out.requests:
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = start
+                stats.record_scheduled(req.request_id, start)
+        requests = self.scheduler.requests
+        for rid in sampled:
+            req = requests.get(rid)
+            if req is not None and req.first_token_time is None:
+                req.first_token_time = now
+                if req.first_scheduled_time is None:  # a forked sibling
+                    req.first_scheduled_time = start
+                    stats.record_scheduled(rid, start)
+                stats.record_first_token(rid, now)
+
+    def _record_step(self, out: SchedulerOutput, start: float, now: float) -> None:
+        sched = self.scheduler
+        self.stats.record_step(sched, out, start, now - start)
+        self.stats.prefix_hit_rate = getattr(sched, "prefix_hit_rate", 0.0)
+        self.stats.prefill_tokens_skipped = getattr(sched, "prefix_hit_tokens", 0) + getattr(
+            sched, "num_forked_tokens", 0
+        )
+
+    def _stall_message(self) -> str:
+        sched, kv = self.scheduler, self.kv
+        return (
+            f"step {self.stats.num_steps - 1}: the scheduler planned nothing while "
+            f"{sched.num_waiting} request(s) wait and {len(sched.running)} run; they can never "
+            f"be scheduled (KV pool: {kv.num_free_blocks} of {kv.num_blocks} blocks free, "
+            f"block_size {kv.block_size})"
+        )
+
+    def check_invariants(self) -> None:
+        """The KV manager's own invariants, over the requests the scheduler says are live."""
+        self.kv.check_invariants([r.request_id for r in self.scheduler.live_requests()])

@@ -1,0 +1,204 @@
+"""The plug-in points of the engine, as ``typing.Protocol`` classes. Pure Python, no torch.
+
+Each protocol is the contract a replacement part must meet; the course's exercises implement
+them, and ``LLM(...)`` / ``Simulator(...)`` accept an instance (or, for the scheduler, a
+factory) wherever they accept a name. ``docs/architecture.md`` shows the smallest
+implementation of each that serves the tiny model.
+
+* :class:`KVCacheManager` -- block tables over a pool of KV blocks (``minivllm.core.kv_cache_manager``
+  is the paged one, ``minivllm.core.contiguous_kv`` the contiguous baseline);
+* :class:`ForkingKVCacheManager` -- adds sharing blocks between requests (copy-on-write), which
+  parallel sampling (``n > 1``) and beam search need;
+* :class:`Scheduler` -- decides every step which requests compute how many tokens
+  (``minivllm.core.scheduler``, ``minivllm.core.static_scheduler``);
+* :class:`Executor` -- runs a planned step: the model runner (real tensors) or the simulator's
+  cost model (a clock).
+
+The attention backend's protocol lives with the backends (``minivllm.attention``): it is the
+one plug-in point that sees tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.request import Request, RequestStatus
+
+
+@runtime_checkable
+class KVCacheManager(Protocol):
+    """Which physical KV blocks each request's tokens live in.
+
+    ``allocate_slots`` is the heart of it: make room for ``num_new_tokens`` more tokens of
+    ``request`` (whose first ``request.num_computed_tokens`` tokens are already stored) and
+    return the request's whole block table, or ``None`` -- changing nothing at all -- if the
+    pool cannot supply the blocks. ``free`` returns every block a request holds.
+    """
+
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_used_blocks(self) -> int: ...
+
+    @property
+    def num_reserved_slots(self) -> int:
+        """Token slots set aside for live requests (utilisation = tokens stored / this)."""
+        ...
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        """Sum of block-table lengths (more than ``num_used_blocks`` when blocks are shared)."""
+        ...
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (physical block ids of its logical blocks 0, 1, ...)."""
+        ...
+
+    def get_computed_blocks(self, request: Request) -> tuple[Sequence[Any], int]:
+        """Prefix-cache hits for a new request: ``(blocks, num_tokens_they_hold)``; ``([], 0)``
+        for a manager without prefix caching."""
+        ...
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[Any] = (),
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None: ...
+
+    def free(self, request: Request) -> None: ...
+
+    def commit_written_blocks(self) -> None:
+        """Called after every step whose forward pass succeeded: blocks filled by the step now
+        hold real K/V (the prefix cache may register them). Does nothing without caching."""
+        ...
+
+    def discard_unwritten_blocks(self) -> None:
+        """Called instead of :meth:`commit_written_blocks` when the step failed."""
+        ...
+
+    def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None: ...
+
+
+@runtime_checkable
+class ForkingKVCacheManager(KVCacheManager, Protocol):
+    """A KV manager that can share blocks between requests, copy-on-write."""
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """``child`` shares every block of ``parent``; whichever writes first gets a copy."""
+        ...
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """``(src, dst)`` block copies the next forward pass must make first."""
+        ...
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """Decides, every step, which requests compute how many tokens.
+
+    ``schedule()`` returns the step's :class:`SchedulerOutput` (and advances each scheduled
+    request's ``num_computed_tokens``); ``update_from_output`` appends each sampled token,
+    applies the stop rules, frees finished requests and returns them.
+    """
+
+    kv: KVCacheManager
+    running: list[Request]
+    requests: dict[str, Request]
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def add_request(self, request: Request) -> None: ...
+
+    def schedule(self) -> SchedulerOutput: ...
+
+    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]: ...
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside (abort, a stop string, an error); frees their blocks."""
+        ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def live_requests(self) -> list[Request]:
+        """Requests that hold KV blocks right now."""
+        ...
+
+
+@runtime_checkable
+class ForkingScheduler(Scheduler, Protocol):
+    def fork_request(self, parent: Request, child: Request) -> None: ...
+
+
+@dataclass
+class Logprobs:
+    """Log-probabilities of one sampled position: the chosen token's, and the ``k`` best.
+
+    ``token_id``/``logprob``: the token that was sampled and its log-probability; ``rank``: its
+    rank among all tokens (1 = most likely); ``top``: ``[(token_id, logprob), ...]``, best first.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What an executor returns for one step.
+
+    ``sampled``: request id -> sampled token, for every request that sampled (fork children
+    included); ``logprobs``: request id -> :class:`Logprobs` of the sampled token (requests that
+    asked for them); ``prompt_logprobs``: request id -> one entry per prompt token computed this
+    step (``None`` for the very first prompt token, which has no prediction); ``failed``:
+    request id -> error message, for requests whose row could not be sampled (non-finite
+    logits, say). A failed request gets no token.
+    """
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs a planned step. The model runner computes it; the simulator's executor prices it."""
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """Public attribute and method names a protocol class declares (its bases' included)."""
+    names: set[str] = set()
+    for klass in protocol.__mro__:
+        if klass in (Protocol, object) or not getattr(klass, "_is_protocol", False):
+            continue
+        names.update(n for n in vars(klass) if not n.startswith("_"))
+        names.update(n for n in getattr(klass, "__annotations__", {}) if not n.startswith("_"))
+    return sorted(names)
+
+
+def missing_members(obj: object, protocol: type) -> list[str]:
+    """Names ``protocol`` requires that ``obj`` lacks (for an error that says what is missing)."""
+    return [n for n in protocol_members(protocol) if not hasattr(obj, n)]
+
+
+def check_implements(obj: object, protocol: type, what: str) -> None:
+    """``TypeError`` naming every missing member unless ``obj`` implements ``protocol``."""
+    missing = missing_members(obj, protocol)
+    if missing:
+        raise TypeError(
+            f"{what}={type(obj).__name__} does not implement minivllm's {protocol.__name__} "
+            f"protocol: missing {', '.join(missing)} (see docs/architecture.md)"
+        )

@@ -1,0 +1,166 @@
+"""What one engine step computes: the scheduler's plan, handed to an executor.
+
+The executor (the model runner, or the simulator's cost model) needs nothing else to run the
+step: for every scheduled request its token ids to feed, how many of its tokens were already
+in the KV cache when the step was planned, its block table, and whether a token is sampled
+from its last row; plus the copy-on-write block copies to make before the forward pass.
+
+Storage is a set of parallel lists, filled by the scheduler for every running request at every
+step. A readable per-request view, :class:`ScheduledRequest`, is built on demand
+(:attr:`SchedulerOutput.scheduled`). Creating one object per request per step in the
+scheduler's loop cost about as much as the rest of the step's bookkeeping together
+(``benchmarks/scheduler_overhead.py``), hence the lists.
+
+Everything here is fixed when the step is planned, so it stays valid after the scheduler has
+appended the sampled tokens: nothing has to be read "before ``update_from_output``".
+"""
+
+from __future__ import annotations
+
+from minivllm.request import Request
+
+
+class ScheduledRequest:
+    """One request's share of a step: compute its tokens ``[num_computed, num_computed + num_new)``.
+
+    ``num_padding`` extra rows after them are computed and thrown away (static batching's pads
+    and idle seats). ``sample``: a token is sampled from the last real row.
+    """
+
+    __slots__ = ("request", "num_computed", "num_new", "num_padding", "block_ids", "sample")
+
+    def __init__(
+        self,
+        request: Request,
+        num_computed: int,
+        num_new: int,
+        block_ids: list[int],
+        sample: bool,
+        num_padding: int = 0,
+    ):
+        self.request = request
+        self.num_computed = num_computed
+        self.num_new = num_new
+        self.num_padding = num_padding
+        self.block_ids = block_ids
+        self.sample = sample
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens this step feeds (tokens are only ever appended, so this never changes)."""
+        return self.request.all_token_ids[self.num_computed : self.num_computed + self.num_new]
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduledRequest({self.request.request_id}, computed={self.num_computed}, "
+            f"new={self.num_new}, pad={self.num_padding}, sample={self.sample}, "
+            f"blocks={self.block_ids})"
+        )
+
+
+class SchedulerOutput:
+    """The plan of one step. Entry ``i`` of the parallel lists describes one request:
+
+    * ``requests[i]``: the :class:`~minivllm.request.Request`;
+    * ``num_new[i]``: tokens it computes this step;
+    * ``num_computed[i]``: its tokens already in the KV cache when the step was planned (so the
+      step feeds ``all_token_ids[num_computed[i] : num_computed[i] + num_new[i]]``);
+    * ``block_ids[i]``: its block table after this step's allocation (the KV manager's own
+      list: valid until the next ``schedule()``, not to be modified);
+    * ``sample[i]``: whether a token is sampled from its last row.
+
+    Plus ``num_padding`` (static batching only: request id -> thrown-away rows), ``preempted``
+    (requests sent back to the waiting queue this step), ``blocks_to_copy`` (copy-on-write
+    ``(src, dst)`` block pairs to copy before the forward pass) and ``forks`` (parallel
+    sampling: request id -> child requests forked off it once it samples this step; each child
+    draws its own first token from the same logits row) and ``finished_req_ids`` (requests that
+    ended since the previous step, so an executor can drop what it keeps per request).
+    """
+
+    __slots__ = (
+        "requests", "num_new", "num_computed", "block_ids", "sample", "num_padding", "preempted",
+        "blocks_to_copy", "forks", "finished_req_ids", "num_prefill_tokens", "num_decode_tokens",
+        "num_padding_tokens", "_scheduled",
+    )
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.num_new: list[int] = []
+        self.num_computed: list[int] = []
+        self.block_ids: list[list[int]] = []
+        self.sample: list[bool] = []
+        self.num_padding: dict[str, int] = {}
+        self.preempted: list[Request] = []
+        self.blocks_to_copy: list[tuple[int, int]] = []
+        self.forks: dict[str, list[Request]] = {}
+        self.finished_req_ids: set[str] = set()
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        self.num_padding_tokens = 0
+        self._scheduled: list[ScheduledRequest] | None = None
+
+    def add(
+        self, request: Request, num_computed: int, num_new: int, block_ids: list[int],
+        num_padding: int = 0,
+    ) -> None:
+        """Append one request's share (the readable way; the scheduler's hot loop appends to
+        the lists directly). ``sample`` is derived: the step computes its last token."""
+        self.requests.append(request)
+        self.num_computed.append(num_computed)
+        self.num_new.append(num_new)
+        self.block_ids.append(block_ids)
+        self.sample.append(num_new > 0 and num_computed + num_new == request.num_tokens)
+        if num_padding:
+            self.num_padding[request.request_id] = num_padding
+
+    def remove(self, request: Request) -> int:
+        """Take a request back out of the plan (it was preempted); returns its token count."""
+        for i, r in enumerate(self.requests):
+            if r is request:
+                num_new, computed = self.num_new.pop(i), self.num_computed.pop(i)
+                del self.requests[i], self.block_ids[i], self.sample[i]
+                self.num_padding_tokens -= self.num_padding.pop(request.request_id, 0)
+                if num_new == 1 and computed >= request.num_prompt_tokens:
+                    self.num_decode_tokens -= 1
+                else:
+                    self.num_prefill_tokens -= num_new
+                return num_new
+        return 0
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        """One readable :class:`ScheduledRequest` per entry, in batch order."""
+        if self._scheduled is None:
+            pad = self.num_padding
+            self._scheduled = [
+                ScheduledRequest(r, c, n, b, s, pad.get(r.request_id, 0) if pad else 0)
+                for r, c, n, b, s in zip(
+                    self.requests, self.num_computed, self.num_new, self.block_ids, self.sample,
+                    strict=True,
+                )
+            ]
+        return self._scheduled
+
+    @property
+    def sampling_requests(self) -> list[Request]:
+        """The requests that sample a token this step, in batch order."""
+        return [r for r, s in zip(self.requests, self.sample, strict=True) if s]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_padding_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+    def decisions(self) -> list[tuple[str, int]]:
+        """``(request_id, num_new_tokens)`` in batch order: what two schedulers must agree on."""
+        return [(r.request_id, n) for r, n in zip(self.requests, self.num_new, strict=True)]
+
+    def __repr__(self) -> str:
+        return f"SchedulerOutput({self.decisions()}, preempted={[r.request_id for r in self.preempted]})"
