@@ -28,6 +28,7 @@ from minivllm.sim.analysis import (
     effective_batch,
     mean_running,
     productive_fraction,
+    saturated_throughput,
 )
 
 GB = 1e9
@@ -421,14 +422,6 @@ def claim_prefix_sharing(cfg: Config, rep: Report) -> None:
 
 
 # --- §6 / §7 Llama-3 70B int4 + int8 KV on one H100 -------------------------------------------
-def saturated_throughput(stats) -> float:
-    """Output tokens/s over the steps where requests were still queued (the batch was kept full),
-    leaving out the ramp-down at the end of an offline trace."""
-    steps = [x for x in stats.steps if x.num_waiting > 0]
-    busy = sum(x.duration for x in steps)
-    return sum(x.num_decode_tokens for x in steps) / busy if busy else float("nan")
-
-
 def claim_70b(cfg: Config, rep: Report, cache: dict) -> None:
     model = preset("llama-3-70b", weight_dtype="int4", kv_dtype="int8")
     hw = get_hardware("H100-SXM")

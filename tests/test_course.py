@@ -171,6 +171,22 @@ MUTANTS = [
     ("ex03_chunked_prefill", "cap = chunk_size if chunk_size is not None else token_budget", "cap = token_budget"),
     ("ex03_chunked_prefill", "return [chunk_size] * full + ([rest] if rest else [])", "return [chunk_size] * full + [rest]"),
     ("ex03_chunked_prefill", "if per_step <= 0:", "if per_step < 0:"),
+    # ex10: the roofline's plausible slips, one per mutant
+    ("ex10_costs", "kv_read = batch_size * (context_len + 1) * kv", "kv_read = 0"),  # KV reads forgotten
+    ("ex10_costs", "kv_written = batch_size * kv", "kv_written = 0"),  # KV writes forgotten
+    ("ex10_costs", "return max(compute, memory) +", "return compute + memory +"),  # sum, not max
+    ("ex10_costs", "max(compute, memory) + assumptions.step_overhead_s", "max(compute, memory)"),  # no overhead
+    ("ex10_costs", "return tokens_per_s * SECONDS_PER_HOUR / usd_per_hour", "return tokens_per_s / usd_per_hour"),  # $/h as $/s
+    ("ex10_costs", "return batch_size / decode_step_time(", "return 1 / decode_step_time("),  # batch not multiplying
+    ("ex10_costs", "return float(weights + kv_read", "return float(batch_size * weights + kv_read"),  # weights per sequence
+    ("ex10_costs", "head_dim * (context_len + 1)", "head_dim * context_len"),  # own key not attended
+    ("ex10_costs", "matmuls + attention + lm_head", "matmuls + attention"),  # LM head FLOPs forgotten
+    ("ex10_costs", "weights = model.body_weight_bytes + model.lm_head_bytes", "weights = model.body_weight_bytes"),
+    ("ex10_costs", "(hardware.peak_flops * assumptions.flops_efficiency)", "hardware.peak_flops"),  # datasheet peak
+    ("ex10_costs", "if not usd_per_hour > 0:", "if usd_per_hour < 0:"),
+    ("ex10_costs", "gpu_seconds = latency / batch_size", "gpu_seconds = latency"),  # GPU not shared
+    ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len, assumptions)"),  # cache not growing
+    ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len + i)"),  # assumptions dropped
 ]
 
 

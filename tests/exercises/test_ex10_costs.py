@@ -1,0 +1,50 @@
+"""Grade exercise 10 (`pytest -m ex10`): the same cases as `course.check` in the notebook.
+
+Imports `exercises/ex10_costs.py` (your work) by default, `solutions/` with
+`MINIVLLM_SOLUTIONS=1` or `--solutions`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm import course
+
+NAME = "ex10_costs"
+pytestmark = pytest.mark.ex10
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return course.load(NAME)
+
+
+@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
+def test_case(ex, case):
+    course.require(case, ex)
+
+
+def test_the_exercise_documents_the_protocol_the_checks_enforce():
+    """The attribute lists in the exercise file are the ones the checks' views expose."""
+    from minivllm.course.checks import ex10_costs as checks
+
+    reference = course.load(NAME, solutions=True)
+    assert reference.MODEL_ATTRIBUTES == checks.MODEL_ATTRIBUTES
+    assert reference.HARDWARE_ATTRIBUTES == checks.HARDWARE_ATTRIBUTES
+
+
+def test_a_view_refuses_what_the_protocol_does_not_list():
+    from minivllm.course.checks.ex10_costs import hardware_view, model_view
+    from minivllm.sim import get_hardware, preset
+
+    model = model_view(preset("llama-3-8b"))
+    assert model.linear_params == preset("llama-3-8b").linear_params
+    assert model.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2
+    with pytest.raises(AttributeError, match="flops_per_token"):
+        model.flops_per_token  # noqa: B018
+    with pytest.raises(AttributeError, match="weight_bytes"):
+        model.weight_bytes  # noqa: B018  (includes the embedding table, which a step does not stream)
+    with pytest.raises(AttributeError, match="read-only"):
+        model.num_layers = 1
+    with pytest.raises(AttributeError, match="ridge_point"):
+        hardware_view(get_hardware("H100")).ridge_point  # noqa: B018
