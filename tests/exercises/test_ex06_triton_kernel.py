@@ -93,7 +93,9 @@ def backend_step(backend, query_lens, seq_lens, tables, seed=0):
     k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(DEVICE)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(DEVICE)
     tokens = sum(query_lens)
-    q, k, v = (torch.randn(tokens, h, dim, generator=gen).to(DEVICE) for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(tokens, h, dim, generator=gen).to(DEVICE) for h in (heads, kv_heads, kv_heads)
+    )
     out = backend.forward(q, k, v, k_cache, v_cache, meta, dim**-0.5)
     return out, k_cache, v_cache
 
@@ -119,7 +121,8 @@ def test_backend_matches_minivllm_reference_backend(ex, query_lens, seq_lens, ta
 
 
 def test_bad_inputs_are_refused(ex):
-    batch = make_batch([1], [20], num_heads=6, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
+    batch = make_batch([1], [20], num_heads=6, num_kv_heads=2, head_dim=32, block_size=16,
+                       dtype=torch.float32)
     q, kc, vc, bt, sl = batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens_t
     with pytest.raises(ValueError, match="block_size .* got 8"):
         ex.paged_decode(q, kc[:, :8], vc[:, :8], bt, sl, 0.1)
@@ -144,7 +147,8 @@ def test_kernel_compiles_for_nvidia_gpus():
     (Triton ships ptxas, no GPU needed) in a process where kernels are not interpreted."""
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(records) == len(COMPILE_CASES)
@@ -170,7 +174,8 @@ def compile_for_gpus() -> int:
         record: dict = {"case": [dtype, head_dim, group, block_size, capability]}
         try:
             signature, constants = _signature(kernel, args)
-            triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", capability, 32))
+            target = GPUTarget("cuda", capability, 32)
+            triton.compile(ASTSource(kernel, signature, constants), target=target)
         except Exception as exc:  # reported to the test, which fails on it
             record["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
         print(json.dumps(record), flush=True)

@@ -193,9 +193,9 @@ def _(ex):
 @case(CASES, "grouped-query attention: 6 heads over 2 KV heads; 8 over 2; 4 over 4", KERNEL,
       "all rows of the query tile read the program's KV head")
 def _(ex):
-    expect_attention(ex, make_problem([9, 40], num_heads=6, num_kv_heads=2, seed=4), "6 heads, 2 KV heads")
-    expect_attention(ex, make_problem([9, 40], num_heads=8, num_kv_heads=2, seed=5), "8 heads, 2 KV heads")
-    expect_attention(ex, make_problem([9, 40], num_heads=4, num_kv_heads=4, seed=6), "4 heads, 4 KV heads")
+    for seed, (heads, kv_heads) in enumerate([(6, 2), (8, 2), (4, 4)], start=4):
+        problem = make_problem([9, 40], num_heads=heads, num_kv_heads=kv_heads, seed=seed)
+        expect_attention(ex, problem, f"{heads} heads, {kv_heads} KV heads")
 
 
 @case(CASES, "shared blocks: a common prefix, and two sequences with one block table", KERNEL,
