@@ -20,7 +20,8 @@ NAMES = course.exercise_names()
 
 
 def test_there_are_exercises():
-    assert {"ex00_kv_memory", "ex01_static_waste", "ex02_continuous", "ex03_chunked_prefill"} <= set(NAMES)
+    assert {"ex00_kv_memory", "ex01_static_waste", "ex02_continuous", "ex03_chunked_prefill",
+            "ex06_triton_kernel"} <= set(NAMES)
 
 
 # --- exercises/ is generated from solutions/ -----------------------------------------------------
@@ -187,6 +188,19 @@ MUTANTS = [
     ("ex10_costs", "gpu_seconds = latency / batch_size", "gpu_seconds = latency"),  # GPU not shared
     ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len, assumptions)"),  # cache not growing
     ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len + i)"),  # assumptions dropped
+    # ex06: the online softmax without rescaling what was accumulated under the old maximum
+    ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
+    ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),
+    # the last, partial block read one slot too far
+    ("ex06_triton_kernel", "logical_block * BLOCK_SIZE + t < seq_len", "logical_block * BLOCK_SIZE + t <= seq_len"),
+    # the logical block number used as if it were the physical one
+    ("ex06_triton_kernel", "k_cache_ptr + physical_block * stride_kb", "k_cache_ptr + logical_block * stride_kb"),
+    # every sequence reading the first sequence's block table
+    ("ex06_triton_kernel", "tl.load(table + logical_block)", "tl.load(block_tables_ptr + logical_block)"),
+    # GQA heads taken as interleaved (head h reads KV head h % num_kv_heads) instead of grouped
+    ("ex06_triton_kernel", "heads = kv_head * GROUP + rows", "heads = rows * tl.num_programs(1) + kv_head"),
+    # the softmax scale forgotten
+    ("ex06_triton_kernel", 'tl.trans(k), input_precision="ieee") * scale', 'tl.trans(k), input_precision="ieee")'),
 ]
 
 
