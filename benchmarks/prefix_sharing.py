@@ -54,8 +54,7 @@ def sharing_part(args) -> list[str]:
         params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
         # the first request warms the cache, as a long-running server's would be
         llm.generate(prompts[:1], params, use_tqdm=False)
-        llm.engine.stats = type(llm.engine.stats)()
-        llm.engine.scheduler.prefix_query_tokens = llm.engine.scheduler.prefix_hit_tokens = 0
+        llm.reset_stats()
         t0 = time.perf_counter()
         llm.generate(prompts[1:], params, use_tqdm=False)
         wall = time.perf_counter() - t0

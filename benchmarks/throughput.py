@@ -57,7 +57,7 @@ def run_minivllm(trace, vocab: int, **engine_args) -> tuple[float, dict]:
     prompts = [it.prompt_token_ids(vocab) for it in trace]
     params = [it.sampling_params() for it in trace]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    llm.engine.stats = type(llm.engine.stats)()
+    llm.reset_stats()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0

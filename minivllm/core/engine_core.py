@@ -273,6 +273,13 @@ class EngineCore:
             f"block_size {kv.block_size})"
         )
 
+    def reset_stats(self) -> None:
+        """Start the statistics afresh (after a warm-up, say), prefix-cache counters included."""
+        self.stats.reset()
+        for counter in ("prefix_query_tokens", "prefix_hit_tokens", "num_forked_tokens"):
+            if hasattr(self.scheduler, counter):
+                setattr(self.scheduler, counter, 0)
+
     def check_invariants(self) -> None:
         """The KV manager's own invariants, over the requests the scheduler says are live."""
         self.kv.check_invariants([r.request_id for r in self.scheduler.live_requests()])

@@ -317,7 +317,7 @@ class LLMEngine:
 
     def reset_stats(self) -> None:
         """Start the statistics afresh (e.g. after a warm-up run)."""
-        self.core.stats.reset()
+        self.core.reset_stats()
 
 
 def _available_host_memory() -> int | None:

@@ -123,4 +123,11 @@ class ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        return cls.from_dict(json.loads(path.read_text()))
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from None
+        try:
+            return cls.from_dict(cfg)
+        except KeyError as err:
+            raise ValueError(f"{path} lacks the field {err.args[0]!r} that the decoder needs") from None

@@ -74,8 +74,14 @@ def load_weights(model: LlamaFamilyModel, path: Path) -> None:
                     if name == "lm_head.weight" and model.config.tie_word_embeddings:
                         continue
                     raise KeyError(f"checkpoint tensor {name!r} has no matching parameter")
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} in {file.name} has shape {tuple(tensor.shape)} "
+                        f"but the model built from config.json expects {tuple(params[name].shape)}"
+                    )
                 with torch.no_grad():
-                    params[name].copy_(f.get_tensor(name))
+                    params[name].copy_(tensor)
                 seen.add(name)
     missing = set(params) - seen
     if model.config.tie_word_embeddings:
@@ -99,9 +105,7 @@ def load_model(
     with torch.device("meta"):
         net = LlamaFamilyModel(cfg, backend)
     net = net.to_empty(device=device).to(torch_dtype)
-    # to_empty leaves non-persistent buffers uninitialised: recompute the RoPE frequencies.
-    net.rotary.__init__(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    net.rotary.to(device)
+    net.rotary.reset_parameters()  # to_empty leaves the (float32) RoPE buffer uninitialised
     if cfg.tie_word_embeddings:
         net.lm_head.weight = net.model.embed_tokens.weight
     load_weights(net, path)

@@ -37,9 +37,17 @@ def rope_inverse_frequencies(
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None = None):
         super().__init__()
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
         self.register_buffer(
             "inv_freq", rope_inverse_frequencies(head_dim, theta, scaling), persistent=False
         )
+
+    def reset_parameters(self) -> None:
+        """Recompute ``inv_freq`` in float32 (a model built on the meta device, moved with
+        ``to_empty`` and cast to half precision has an uninitialised, half-precision buffer;
+        it is not stored in checkpoints)."""
+        fresh = rope_inverse_frequencies(self.head_dim, self.theta, self.scaling)
+        self.inv_freq = fresh.to(self.inv_freq.device)  # replaces the registered buffer
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions [T]`` -> ``cos, sin [T, head_dim]`` (computed in float32)."""

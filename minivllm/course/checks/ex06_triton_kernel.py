@@ -242,9 +242,7 @@ def make_llm(backend=None, **engine_args):
     args = {**ENGINE_ARGS, **engine_args}
     if backend is None:
         return LLM(**args)
-    llm = LLM(attention_backend="torch", **args)
-    llm.engine.model.set_attention_backend(backend)  # = LLM(attention_backend=backend, **args)
-    return llm
+    return LLM(attention_backend=backend, **args)
 
 
 @contextmanager
