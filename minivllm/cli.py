@@ -51,9 +51,19 @@ def _add_course_commands(sub) -> None:
     add_commands(sub)
 
 
+# Mistakes in what the user asked for (a bad argument, a missing file, an unknown exercise):
+# one line and exit status 2, like argparse's own errors. Anything else is a bug: traceback.
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, KeyError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -159,15 +159,16 @@ class ModelRunnerOutput:
 
     ``sampled``: request id -> sampled token, for every request that sampled (fork children
     included); ``logprobs``: request id -> :class:`Logprobs` of the sampled token (requests that
-    asked for them); ``prompt_logprobs``: request id -> one entry per prompt token computed this
-    step (``None`` for the very first prompt token, which has no prediction); ``failed``:
+    asked for them); ``prompt_logprobs``: request id -> ``(index of the first prompt token
+    covered, one entry per prompt token)`` for the prompt rows computed this step (``None`` for
+    the very first prompt token, which has no prediction); ``failed``:
     request id -> error message, for requests whose row could not be sampled (non-finite
     logits, say). A failed request gets no token.
     """
 
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
-    prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[Logprobs | None]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
 
 

@@ -192,9 +192,9 @@ class Scheduler:
         cfg = self.config
         while self.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self._peek_waiting()
-            hit_blocks, num_hit = (
-                self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ((), 0)
-            )
+            # prompt log-probabilities need every prompt row computed: no cache hits for them
+            lookup = req.num_computed_tokens == 0 and req.sampling_params.prompt_logprobs is None
+            hit_blocks, num_hit = self.kv.get_computed_blocks(req) if lookup else ((), 0)
             num_new = req.num_tokens - num_hit
             if num_new > budget:
                 if not cfg.enable_chunked_prefill:

@@ -87,8 +87,6 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step; sample a token for every request that samples (and for the siblings
         in ``out.forks``, each from its leader's row with its own settings)."""
-        if out.finished_req_ids:
-            self.sampler.forget(out.finished_req_ids)
         result = ModelRunnerOutput()
         forward = self.forward(out)
         if forward is None:
@@ -146,7 +144,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden[row : row + stop - start])
                 entries: list = [None] if start == 0 else []
                 entries.extend(compute_logprobs(logits, targets, [k] * len(targets)))
-                result.prompt_logprobs[req.request_id] = entries
+                result.prompt_logprobs[req.request_id] = (0 if start == 0 else start + 1, entries)
             elif k is not None and start == 0:
-                result.prompt_logprobs[req.request_id] = [None]
+                result.prompt_logprobs[req.request_id] = (0, [None])
             row += n + (pads.get(req.request_id, 0) if pads else 0)

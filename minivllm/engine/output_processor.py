@@ -87,13 +87,12 @@ class OutputProcessor:
     # --- after a step ----------------------------------------------------------------------
     def process(self, core_out: EngineCoreOutput) -> list[RequestOutput]:
         touched: dict[str, _Family] = {}
-        for rid, entries in core_out.prompt_logprobs.items():
+        for rid, (first, entries) in core_out.prompt_logprobs.items():
             state = self.children.get(rid)
-            if state is not None:
+            if state is not None:  # placed by position: a preempted request recomputes its prompt
                 family = state.family
-                family.prompt_logprobs = (family.prompt_logprobs or []) + [
-                    None if e is None else self._position(e) for e in entries
-                ]
+                got = family.prompt_logprobs = family.prompt_logprobs or []
+                got[first : first + len(entries)] = [None if e is None else self._position(e) for e in entries]
         for rid, entry in core_out.logprobs.items():
             state = self.children.get(rid)
             if state is not None and state.logprobs is not None and rid in core_out.sampled:

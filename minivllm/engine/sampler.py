@@ -7,8 +7,9 @@ Everything runs on the logits' device, for all rows at once. The draw is the *ex
 race*: for probabilities ``p`` and independent ``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is
 distributed exactly as a draw from ``p`` (it is the Gumbel-max trick in another form), and it
 needs one random number per (row, token) instead of a sequential search. A request with a
-``seed`` draws its noise from its own ``torch.Generator``, so its samples do not depend on which
-other requests share the batch or in which order.
+``seed`` draws its noise from a generator seeded by ``(seed, how many tokens it has generated)``,
+so its samples depend on neither the other requests in the batch nor their order, and the
+sampler keeps no state per request.
 
 A row whose logits are not usable (NaN, +inf, or every token impossible) cannot be sampled:
 it is reported in ``failed`` and gets no token, and the other rows are unaffected.
@@ -48,12 +49,20 @@ def unusable_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
 
+def _mix64(seed: int, index: int) -> int:
+    """A well-spread 64-bit seed for draw ``index`` of a request seeded with ``seed``
+    (splitmix64's finaliser), so consecutive draws use unrelated random streams."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
+
+
 class Sampler:
     """``sampler(logits [N, V], requests) -> (token ids, failed rows)``."""
 
     def __init__(self, seed: int | None = None):
         self.seed = seed
-        self._generators: dict[str, torch.Generator] = {}  # seeded requests, by request id
         self._default: dict[torch.device, torch.Generator] = {}  # unseeded rows, per device
 
     def _default_generator(self, device: torch.device) -> torch.Generator:
@@ -66,17 +75,11 @@ class Sampler:
                 gen.seed()
         return gen
 
-    def _request_generator(self, req: Request, device: torch.device) -> torch.Generator:
-        gen = self._generators.get(req.request_id)
-        if gen is None:
-            gen = self._generators[req.request_id] = torch.Generator(device=device)
-            gen.manual_seed(req.sampling_params.seed)
+    @staticmethod
+    def _request_generator(req: Request, device: torch.device) -> torch.Generator:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(_mix64(req.sampling_params.seed, req.num_output_tokens))
         return gen
-
-    def forget(self, request_ids) -> None:
-        """Drop the generators of requests that ended."""
-        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
-            self._generators.pop(rid, None)
 
     def filter_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """Apply temperature, top-k and top-p to ``logits [N, V]`` (float32)."""

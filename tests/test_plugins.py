@@ -1,0 +1,270 @@
+"""Third-party plug-ins, written here from the protocols alone, serve the tiny model.
+
+Each class below is the smallest thing that meets one protocol of ``minivllm.core.interfaces``
+(or the attention backend's contract). Plugged into ``LLM(...)`` -- and the first two into the
+``Simulator`` -- they must give the same greedy tokens (and scheduling decisions) as
+minivllm's own parts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm import LLM, SamplingParams
+from minivllm.core.interfaces import KVCacheManager, Scheduler, check_implements
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.request import RequestStatus
+
+
+class FreeListKV:
+    """Paged KV bookkeeping at its plainest: a stack of free block ids and one table per
+    request. No prefix caching, no forking."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.free_ids = list(range(num_blocks - 1, -1, -1))
+        self.tables: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_ids)
+
+    @property
+    def num_reserved_slots(self) -> int:
+        return self.num_used_blocks * self.block_size
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        return self.num_used_blocks
+
+    def get_block_ids(self, request_id):
+        return self.tables.get(request_id, [])
+
+    def get_computed_blocks(self, request):
+        return [], 0
+
+    def allocate_slots(self, request, num_new_tokens, new_computed_blocks=(), num_lookahead_tokens=0):
+        table = self.tables.get(request.request_id, [])
+        end = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        need = -(-end // self.block_size) - len(table)
+        if need > len(self.free_ids):
+            return None
+        table = self.tables.setdefault(request.request_id, table)
+        table.extend(self.free_ids.pop() for _ in range(max(need, 0)))
+        return table
+
+    def free(self, request):
+        self.free_ids.extend(reversed(self.tables.pop(request.request_id, [])))
+
+    def commit_written_blocks(self):
+        pass
+
+    def discard_unwritten_blocks(self):
+        pass
+
+    def check_invariants(self, live_request_ids=None):
+        held = [b for t in self.tables.values() for b in t]
+        assert len(set(held)) == len(held) and not set(held) & set(self.free_ids)
+        assert len(held) + len(self.free_ids) == self.num_blocks
+
+
+class FifoScheduler:
+    """Continuous batching without chunking or preemption: running requests decode, then
+    waiting ones are admitted whole while the budget, the seats and the blocks last."""
+
+    def __init__(self, config, kv):
+        self.config, self.kv = config, kv
+        self.running, self.waiting, self.requests = [], deque(), {}
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def add_request(self, request):
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def _plan(self, out, req, num_new) -> bool:
+        table = self.kv.allocate_slots(req, num_new)
+        if table is None:
+            return False
+        out.add(req, req.num_computed_tokens, num_new, table)
+        req.num_computed_tokens += num_new
+        return True
+
+    def schedule(self):
+        out, budget = SchedulerOutput(), self.config.max_num_batched_tokens
+        for req in self.running:
+            n = req.num_tokens - req.num_computed_tokens
+            if 0 < n <= budget and self._plan(out, req, n):
+                budget -= n
+                out.num_decode_tokens += 1
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_tokens > budget or not self._plan(out, req, req.num_tokens):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            budget -= req.num_tokens
+            out.num_prefill_tokens += req.num_tokens
+        return out
+
+    def update_from_output(self, sampled_token_ids):
+        finished = []
+        for rid, token in sampled_token_ids.items():
+            req = self.requests[rid]
+            req.all_token_ids.append(token)
+            status = req.check_stop(token, self.config.max_model_len)
+            if status is not None:
+                req.status = status
+                finished.append(req)
+        self._end(finished)
+        return finished
+
+    def finish_requests(self, request_ids, status):
+        ended = [self.requests[r] for r in request_ids if r in self.requests]
+        for req in ended:
+            req.status = status
+        self._end(ended)
+        return ended
+
+    def _end(self, reqs):
+        gone = {r.request_id for r in reqs}
+        self.running = [r for r in self.running if r.request_id not in gone]
+        self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
+        for r in reqs:
+            self.kv.free(r)
+            self.requests.pop(r.request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.running or self.waiting)
+
+    def live_requests(self):
+        return self.running
+
+
+class LoopAttention:
+    """Attention one sequence at a time with ``scaled_dot_product_attention``: write the new
+    K/V through the slot mapping, gather the sequence's context through its block table."""
+
+    name = "loop"
+
+    def forward(self, query, key, value, k_cache, v_cache, meta, scale):
+        flat_k = k_cache.view(-1, *k_cache.shape[2:])
+        flat_v = v_cache.view(-1, *v_cache.shape[2:])
+        keep = meta.slot_mapping >= 0
+        flat_k[meta.slot_mapping[keep]] = key[keep].to(k_cache.dtype)
+        flat_v[meta.slot_mapping[keep]] = value[keep].to(v_cache.dtype)
+        out = torch.empty_like(query)
+        bs, group = meta.block_size, query.shape[1] // key.shape[1]
+        starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+        for i, seq_len in enumerate(seq_lens):
+            lo, hi = starts[i], starts[i + 1]
+            pos = torch.arange(seq_len, device=query.device)
+            slots = meta.block_tables[i, pos // bs].long() * bs + pos % bs
+            k = flat_k[slots].to(query.dtype).repeat_interleave(group, dim=1)  # [S, H, D]
+            v = flat_v[slots].to(query.dtype).repeat_interleave(group, dim=1)
+            q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=query.device)
+            mask = pos[None, :] <= q_pos[:, None]  # [new, S]: causal over the whole context
+            o = F.scaled_dot_product_attention(
+                query[lo:hi].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                attn_mask=mask, scale=scale,
+            )
+            out[lo:hi] = o.transpose(0, 1)
+        return out
+
+
+PROMPTS = [
+    "Once upon a time", "The little fox", "Tom went to the market and", "A bird sat on a branch",
+    "In the morning the sun", "Mia had a red ball", "The old man smiled", "Sam and Lily were friends",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+def tokens(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def reference_tokens() -> list[list[int]]:
+    return tokens(LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False))
+
+
+def test_the_plugins_meet_their_protocols():
+    kv = FreeListKV(8, 16)
+    check_implements(kv, KVCacheManager, "kv_cache")
+    check_implements(FifoScheduler(None, kv), Scheduler, "scheduler")
+
+
+def test_a_third_party_kv_cache_manager_serves_the_model(reference_tokens):
+    kv = FreeListKV(num_blocks=64, block_size=16)
+    llm = LLM(max_model_len=128, kv_cache=kv, debug_checks=True)
+    assert tokens(llm) == reference_tokens
+    assert kv.num_used_blocks == 0 and llm.stats().summary()["peak_kv_blocks_used"] > 0
+
+
+def test_a_third_party_kv_cache_manager_under_preemption(reference_tokens):
+    """A pool of 12 blocks cannot hold 8 sequences of up to 36 tokens: minivllm's scheduler
+    preempts and recomputes, on top of the plug-in's bookkeeping."""
+    llm = LLM(max_model_len=128, kv_cache=FreeListKV(num_blocks=12, block_size=16), debug_checks=True)
+    assert tokens(llm) == reference_tokens
+    assert llm.stats().summary()["preemptions"] > 0
+
+
+def test_a_third_party_scheduler_serves_the_model(reference_tokens):
+    llm = LLM(max_model_len=128, num_kv_blocks=64, scheduler=FifoScheduler, debug_checks=True)
+    assert isinstance(llm.engine.scheduler, FifoScheduler)
+    assert tokens(llm) == reference_tokens
+    assert llm.engine.kv.num_used_blocks == 0
+
+
+def test_a_third_party_attention_backend_serves_the_model(reference_tokens):
+    llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False,
+              attention_backend=LoopAttention())
+    assert llm.engine.model.attention_layers[0].backend.name == "loop"
+    assert tokens(llm) == reference_tokens
+
+
+def test_plugins_drive_the_simulator_like_the_builtin_parts():
+    """Same trace, same decisions: the plug-ins vs minivllm's scheduler without chunking over
+    a pool large enough that nothing is preempted."""
+    from minivllm import workloads
+    from minivllm.sim import Simulator
+
+    trace = workloads.chat(40, seed=3, rate=20.0)
+    common = dict(max_model_len=4096, max_num_seqs=16, enable_chunked_prefill=False,
+                  max_num_batched_tokens=4096, record_decisions=True)
+    ours = Simulator("llama-3-8b", "H100-SXM", enable_prefix_caching=False, **common)
+    ours.run(trace)
+    theirs = Simulator("llama-3-8b", "H100-SXM", scheduler=FifoScheduler,
+                       kv_cache=FreeListKV(ours.kv.num_blocks, 16), **common)
+    theirs.run(trace)
+    assert theirs.decisions == ours.decisions
+    assert theirs.summary()["output_tokens"] == trace.num_output_tokens
+
+
+def test_plugins_that_miss_members_are_refused_by_name():
+    class Half:
+        block_size, num_blocks = 16, 8
+
+        def allocate_slots(self, *a):
+            return []
+
+    with pytest.raises(TypeError, match="missing .*free.*get_computed_blocks"):
+        LLM(kv_cache=Half())
+    with pytest.raises(TypeError, match="takes an instance"):
+        LLM(kv_cache=FreeListKV)
+    with pytest.raises(TypeError, match="forward"):
+        LLM(attention_backend=object())
+    with pytest.raises(ValueError, match="block_size=8 but block_size=16"):
+        LLM(kv_cache=FreeListKV(64, 8))
