@@ -28,10 +28,10 @@ calls ``step()``. ``AsyncLLM`` puts the two together the way vLLM's ``AsyncLLM``
 from __future__ import annotations
 
 import asyncio
-import itertools
 import queue
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -186,7 +186,6 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}  # event loop thread only
         self._timing: dict[str, _Timing] = {}  # loop thread only
         self._last_running = 0  # sequences running after the last step (loop thread only)
-        self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
@@ -263,7 +262,7 @@ class AsyncLLM:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        request_id = f"req-{next(self._ids)}" if request_id is None else str(request_id)
+        request_id = f"req-{uuid.uuid4().hex}" if request_id is None else str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, ids = self.tokenize(prompt)

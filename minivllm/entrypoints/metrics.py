@@ -67,8 +67,9 @@ class _Metric:
     def full_name(self) -> str:
         return PREFIX + self.name
 
-    def header(self) -> list[str]:
-        return [f"# HELP {self.full_name} {self.help}", f"# TYPE {self.full_name} {self.kind}"]
+    def header(self, name: str | None = None) -> list[str]:
+        name = name or self.full_name
+        return [f"# HELP {name} {self.help}", f"# TYPE {name} {self.kind}"]
 
 
 @dataclass
@@ -104,7 +105,7 @@ class Counter(_Metric):
         return self.values.get(label_value, 0.0)
 
     def render(self) -> list[str]:
-        lines = self.header()
+        lines = self.header(self.full_name + "_total")  # the text format names counters by sample
         for label_value, total in sorted(self.values.items()):
             pairs = [(self.label, label_value)] if self.label else []
             lines.append(f"{self.full_name}_total{_labels(pairs)} {_format_value(total)}")
