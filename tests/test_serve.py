@@ -134,6 +134,27 @@ def test_streamed_completion_equals_the_full_one_and_reports_usage(client, refer
     assert usage_chunk.usage.prompt_tokens == len(want.prompt_token_ids)
 
 
+def joined_by_index(chunks, chat: bool = False) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            piece = (c.delta.content or "") if chat else c.text
+            texts[c.index] = texts.get(c.index, "") + piece
+    return texts
+
+
+def test_streamed_batch_of_prompts_and_echo(client, reference):
+    want = reference.generate(PROMPTS[:3], greedy(10), use_tqdm=False)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[:3], max_tokens=10, temperature=0,
+                                            stream=True))
+    assert joined_by_index(chunks) == {i: w.outputs[0].text for i, w in enumerate(want)}
+    echoed = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPTS[0] + want[0].outputs[0].text
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0,
+                                            echo=True, stream=True))
+    assert joined_by_index(chunks)[0] == PROMPTS[0] + want[0].outputs[0].text
+
+
 def test_n_choices_with_a_seed_match_llm_generate(client, reference):
     kw = {"n": 3, "temperature": 1.0, "top_p": 0.9, "seed": 7}
     resp = client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=12, **kw)
@@ -165,6 +186,17 @@ def test_chat_greedy_matches_llm_generate_on_the_templated_prompt(client, refere
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.outputs[0].text
     assert chunks[-1].choices[0].finish_reason == want.outputs[0].finish_reason
+
+
+def test_streamed_chat_with_n_choices_matches_the_full_response(client):
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12,
+          "n": 2, "temperature": 1.0, "seed": 11}
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert [(c.index, c.delta.role) for c in chunks[0].choices] == [(0, "assistant"), (1, "assistant")]
+    assert joined_by_index(chunks, chat=True) == {c.index: c.message.content for c in full.choices}
+    finishes = {c.index: c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason}
+    assert finishes == {c.index: c.finish_reason for c in full.choices}
 
 
 def test_chat_default_max_tokens_fills_the_context(client, server):
