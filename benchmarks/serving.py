@@ -294,8 +294,9 @@ def plot(results: list[RateResult], path: str) -> None:
         if key != "output_throughput":
             ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
