@@ -212,7 +212,7 @@ class Server:
         if in_process:
             from minivllm.entrypoints import AsyncLLM
             from minivllm.entrypoints.cli_args import add_serve_arguments, engine_args_from
-            from minivllm.entrypoints.openai_server import start_in_thread
+            from minivllm.entrypoints.launcher import start_in_thread
 
             parser = argparse.ArgumentParser()
             add_serve_arguments(parser)

@@ -25,7 +25,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from minivllm.entrypoints.openai_server import run_server
+    from minivllm.entrypoints.launcher import run_server
 
     return run_server(args)
 

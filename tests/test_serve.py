@@ -29,7 +29,7 @@ pytest.importorskip("uvicorn")
 import minivllm  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.entrypoints import AsyncLLM  # noqa: E402
-from minivllm.entrypoints.openai_server import DEFAULT_MODEL_NAME, start_in_thread  # noqa: E402
+from minivllm.entrypoints.launcher import DEFAULT_MODEL_NAME, start_in_thread  # noqa: E402
 
 MODEL = DEFAULT_MODEL_NAME
 ENGINE_ARGS = {"max_num_seqs": 64, "seed": 0}
