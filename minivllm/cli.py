@@ -1,4 +1,4 @@
-"""The ``minivllm`` command line: ``minivllm generate "Once upon a time"``."""
+"""The ``minivllm`` command line: ``minivllm generate "Once upon a time"``, ``minivllm serve``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from minivllm.entrypoints.launcher import run_server
+
+    return run_server(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     gen.set_defaults(func=_generate)
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    from minivllm.entrypoints.cli_args import add_serve_arguments
+
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
     _add_course_commands(sub)
     return parser
 

@@ -1,0 +1,77 @@
+"""The ``minivllm serve`` command line: server options plus every ``EngineArgs`` field.
+
+Engine flags are generated from the ``EngineArgs`` dataclass, so a new engine argument is a new
+flag without touching this file: ``max_num_seqs`` becomes ``--max-num-seqs``, a bool such as
+``enable_prefix_caching`` becomes ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``,
+and the string options with a fixed set of values get ``choices``. A flag that is not given
+leaves the engine's own default in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from minivllm.config import KV_CACHES, SCHEDULERS, EngineArgs
+
+DEFAULT_PORT = 8000
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from minivllm.attention import ATTENTION_BACKENDS
+    from minivllm.core.scheduler import SCHEDULING_POLICIES
+
+    return {
+        "scheduler": SCHEDULERS,
+        "kv_cache": KV_CACHES,
+        "attention_backend": tuple(ATTENTION_BACKENDS),
+        "scheduling_policy": tuple(SCHEDULING_POLICIES),
+    }
+
+
+def _base_type(annotation) -> type:
+    """``int | None`` -> ``int``; ``bool`` -> ``bool``."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return inner
+    return annotation
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine arguments (see minivllm/config.py; default: the engine's)")
+    hints = typing.get_type_hints(EngineArgs)
+    choices = _choices()
+    for f in dataclasses.fields(EngineArgs):
+        flag = "--" + f.name.replace("_", "-")
+        kind = _base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f"default: {default}"
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
+                               default=argparse.SUPPRESS, help=help_text)
+
+
+def engine_args_from(namespace: argparse.Namespace) -> dict:
+    """The engine arguments given on the command line (absent ones keep their defaults)."""
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    return {k: v for k, v in vars(namespace).items() if k in names}
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None,
+                        help="checkpoint directory or hub name (default: the shipped tiny model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients pass as 'model' (default: the model argument, or 'minivllm-tiny')")
+    parser.add_argument("--max-waiting", type=int, default=None,
+                        help="refuse new requests with 503 while this many wait for a seat (default: no limit)")
+    parser.add_argument("--shutdown-timeout", type=float, default=20.0,
+                        help="on SIGINT/SIGTERM, seconds to let running requests finish before aborting them")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_arguments(parser)

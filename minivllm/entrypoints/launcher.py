@@ -1,0 +1,125 @@
+"""Running the server: ``minivllm serve`` in the foreground, or a server thread in this process.
+
+uvicorn serves the FastAPI app; :class:`GracefulServer` adds the shutdown a model server needs
+(drain, then abort, then exit 0), and :func:`start_in_thread` runs the same server from a
+background thread on a free port for tests, benchmarks and notebooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.openai_server import build_app
+
+DEFAULT_MODEL_NAME = "minivllm-tiny"
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with the shutdown a model server needs on SIGINT/SIGTERM: stop
+    accepting (new connections are refused, new requests on open connections get 503), let
+    running requests finish for ``grace`` seconds, then abort the rest so that their streams
+    end cleanly with ``finish_reason="abort"``, stop the engine loop, and exit with status 0
+    (uvicorn would re-raise the signal, which makes the exit status look like a crash)."""
+
+    def __init__(self, config: uvicorn.Config, llm: AsyncLLM, grace: float):
+        super().__init__(config)
+        self.llm, self.grace = llm, grace
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.llm.stop_accepting()
+        abort_later = asyncio.ensure_future(self._abort_after_grace())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort_later.cancel()
+
+    async def _abort_after_grace(self) -> None:
+        await asyncio.sleep(self.grace)
+        await self.llm.abort_all()
+
+
+def make_server(args) -> GracefulServer:
+    """Load the model and build the server from parsed ``minivllm serve`` arguments."""
+    from minivllm.entrypoints.cli_args import engine_args_from
+
+    llm = AsyncLLM.from_engine_args(args.model, max_waiting=args.max_waiting, **engine_args_from(args))
+    name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    app = build_app(llm, name)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+        timeout_graceful_shutdown=args.shutdown_timeout + 5.0,  # a backstop behind the aborts
+    )
+    return GracefulServer(config, llm, grace=args.shutdown_timeout)
+
+
+def run_server(args) -> int:
+    make_server(args).run()
+    return 0
+
+
+@dataclass
+class BackgroundServer:
+    """A server running in a thread of this process (tests, benchmarks, notebooks):
+    ``with start_in_thread(llm) as srv: openai.OpenAI(base_url=srv.url + "/v1", ...)``."""
+
+    url: str
+    llm: AsyncLLM
+    server: GracefulServer
+    thread: threading.Thread
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"the server thread did not stop within {timeout} s")
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_in_thread(
+    llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, host: str = "127.0.0.1", port: int = 0,
+    grace: float = 5.0, log_level: str = "warning", startup_timeout: float = 60.0,
+) -> BackgroundServer:
+    """Serve ``llm`` from a background thread; ``port=0`` picks a free port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    config = uvicorn.Config(build_app(llm, model_name), log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=grace + 5.0)
+    server = GracefulServer(config, llm, grace)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="minivllm-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError("the background server failed to start (see the log above)")
+        time.sleep(0.01)
+    bound_host, bound_port = sock.getsockname()[:2]
+    return BackgroundServer(f"http://{bound_host}:{bound_port}", llm, server, thread)

@@ -1,0 +1,366 @@
+"""``minivllm serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over ``AsyncLLM``.
+
+    POST /v1/completions        text in, text out (one prompt or a batch; n choices each)
+    POST /v1/chat/completions   messages -> the tokenizer's chat template -> text out
+    GET  /v1/models             the served model
+    GET  /health                200 while the engine loop runs, 503 otherwise
+    GET  /metrics               Prometheus text (see minivllm/entrypoints/metrics.py)
+
+Each HTTP request becomes one engine request per prompt. With ``"stream": true`` the reply is
+a stream of server-sent events (``data: {chunk}``, then ``data: [DONE]``) carrying the new text
+of every step; otherwise one JSON body when all choices are done. Errors use OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}``: 400 for anything the client got wrong
+(malformed JSON, bad or unsupported parameters, prompts too long), 404 for an unknown model,
+503 when the waiting queue is full or the server is shutting down, 500 if the engine fails.
+A client that disconnects aborts its requests, so their KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minivllm.entrypoints import protocol as api
+from minivllm.entrypoints.async_llm import (
+    AsyncLLM,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    RequestStream,
+)
+from minivllm.outputs import RequestOutput
+
+Kind = Literal["completion", "chat"]
+RETRY_AFTER_S = 1  # what a 503 tells the client to wait before retrying
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its (non-streaming) response was ready."""
+
+
+def _error(status: int, message: str, type_: str, param: str | None = None, code=None) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse(api.error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """Pydantic's errors -> one sentence naming each field (and the JSON error, if any)."""
+    parts, param = [], None
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            detail = err.get("ctx", {}).get("error", "invalid JSON")
+            return f"malformed JSON body: {detail}", None
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        field = ".".join(loc) or "body"
+        param = param or (loc[0] if loc else None)
+        parts.append(f"{field}: {err.get('msg')} (got {err.get('input')!r})" if loc else err.get("msg"))
+    return "invalid request: " + "; ".join(parts), param
+
+
+class OpenAIServer:
+    """The routes and their plumbing; one per running server."""
+
+    def __init__(self, llm: AsyncLLM, model_name: str, model_path: str | Path):
+        self.llm = llm
+        self.model_name = model_name
+        self.model_path = str(model_path)
+        self.started = int(time.time())
+
+    # --- helpers ---------------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in (self.model_name, self.model_path):
+            raise LookupError(f"the model {name!r} does not exist; this server serves {self.model_name!r}")
+
+    async def start_requests(
+        self, prompts: list[list[int]], params, request_id: str, priority: int
+    ) -> list[RequestStream]:
+        """Add one engine request per prompt. If one is refused, the ones already added are
+        aborted, so a refused HTTP request leaves nothing behind."""
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append(await self.llm.add_request(ids, params, rid, priority))
+        except BaseException:
+            for s in streams:
+                await s.aclose()
+            raise
+        return streams
+
+    async def prepare(self, req: api._SamplingFields, kind: Kind):
+        """Validate and tokenize: (prompt texts, prompt ids, SamplingParams). Raises
+        InvalidRequestError / LookupError before anything reaches the engine."""
+        self.check_model(req.model)
+        llm = self.llm
+        if kind == "chat":
+            texts, prompts = [None], [api.render_chat(llm.tokenizer, req)]
+            param = "messages"
+        else:
+            raw = req.prompts()
+            if len(raw) > api.MAX_PROMPTS:
+                raise api.InvalidRequestError(
+                    f"a request may carry at most {api.MAX_PROMPTS} prompts, got {len(raw)}", "prompt"
+                )
+            texts, prompts = [], []
+            for p in raw:
+                text, ids = llm.tokenize(p)
+                bad = next((t for t in ids if not 0 <= t < llm.vocab_size), None)
+                if bad is not None:
+                    raise api.InvalidRequestError(
+                        f"prompt token id {bad} is outside the vocabulary [0, {llm.vocab_size})", "prompt"
+                    )
+                texts.append(text if text is not None else llm.tokenizer.decode(ids))
+                prompts.append(ids)
+            param = "prompt"
+        for ids in prompts:
+            if not ids:
+                raise api.InvalidRequestError("the prompt is empty (0 tokens)", param)
+            api.check_prompt_length(len(ids), llm.max_model_len, param)
+        longest = max(len(ids) for ids in prompts)
+        params = api.to_sampling_params(req, longest, llm.max_model_len)
+        return texts, prompts, params
+
+    # --- non-streaming ---------------------------------------------------------------------
+    @staticmethod
+    async def _final(stream: RequestStream) -> RequestOutput:
+        final = None
+        async for out in stream:
+            final = out
+        return final
+
+    async def collect(self, http: Request, streams: list[RequestStream]) -> list[RequestOutput]:
+        """Wait for every stream's final output, or abort them all if the client leaves."""
+        work = asyncio.ensure_future(asyncio.gather(*(self._final(s) for s in streams)))
+        watch = asyncio.ensure_future(_wait_for_disconnect(http))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                return work.result()
+            raise _ClientGone()
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+            for s in streams:
+                await s.aclose()
+
+    def logprobs(self, kind: Kind, c, num: int | None, first_token: int = 0, text_offset: int = 0):
+        """The choice's log-probabilities from token ``first_token`` on, in the API's shape
+        (None unless the request asked for them; see ``protocol.ENGINE_RETURNS_LOGPROBS``)."""
+        if num is None or getattr(c, "logprobs", None) is None:
+            return None
+        ids, lps = c.token_ids[first_token:], c.logprobs[first_token:]
+        if kind == "chat":
+            return api.chat_logprobs(self.llm.tokenizer, ids, lps, num)
+        return api.completion_logprobs(self.llm.tokenizer, ids, lps, num, text_offset)
+
+    def full_response(self, kind: Kind, head: api.ResponseHeader, texts, outputs, echo: bool,
+                      num_logprobs: int | None) -> dict:
+        n = len(outputs[0].outputs)
+        choices = []
+        for i, out in enumerate(outputs):
+            for c in out.outputs:
+                if kind == "chat":
+                    choices.append(api.chat_choice(c.index, c, self.logprobs(kind, c, num_logprobs)))
+                else:
+                    prefix = texts[i] if echo else ""
+                    lps = self.logprobs(kind, c, num_logprobs, 0, len(prefix))
+                    choices.append(api.completion_choice(i * n + c.index, prefix + c.text, c, lps))
+        body = api.chat_response if kind == "chat" else api.completion_response
+        return body(head, choices, api.usage_of(outputs))
+
+    # --- streaming -------------------------------------------------------------------------
+    async def stream_events(
+        self, kind: Kind, head: api.ResponseHeader, texts, streams: list[RequestStream], n: int,
+        echo: bool, include_usage: bool, num_logprobs: int | None,
+    ) -> AsyncIterator[str]:
+        """Server-sent events: the new text of each choice as it arrives, ``finish_reason`` on
+        its last chunk, an optional usage chunk, then ``[DONE]``. Closing this generator (the
+        client left, or the server is shutting down) aborts every request still running."""
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        finals: dict[int, RequestOutput] = {}
+        try:
+            if kind == "chat":  # the role comes first, as OpenAI's streams do
+                first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None} for i in range(n)]
+                yield _sse(api.chunk(head, kind, first))
+            elif echo:
+                yield _sse(api.chunk(head, kind, [
+                    {"index": p * n + i, "text": texts[p], "logprobs": None, "finish_reason": None}
+                    for p in range(len(streams)) for i in range(n)
+                ]))
+            async for p, out in _merge(streams):
+                choices = []
+                for c in out.outputs:
+                    index = p * n + c.index
+                    start = sent_text.get(index, 0)
+                    delta = c.text[start:]
+                    if not delta and c.finish_reason is None:
+                        continue
+                    offset = start + (len(texts[p]) if echo else 0)
+                    lps = self.logprobs(kind, c, num_logprobs, sent_tokens.get(index, 0), offset)
+                    sent_text[index], sent_tokens[index] = len(c.text), len(c.token_ids)
+                    if kind == "chat":
+                        choices.append({"index": index, "delta": {"content": delta}, "logprobs": lps,
+                                        "finish_reason": c.finish_reason})
+                    else:
+                        choices.append({"index": index, "text": delta, "logprobs": lps,
+                                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                if out.finished:
+                    finals[p] = out
+                if choices:
+                    yield _sse(api.chunk(head, kind, choices))
+            if include_usage:
+                yield _sse(api.chunk(head, kind, [], api.usage_of([finals[p] for p in sorted(finals)])))
+        except RequestFailedError as error:
+            yield _sse(api.error_body(str(error), "server_error", None, 500))
+        except EngineDeadError as error:
+            yield _sse(api.error_body(str(error), "server_error", None, 503))
+        finally:
+            for s in streams:
+                await s.aclose()
+        yield "data: [DONE]\n\n"
+
+    # --- the two endpoints -----------------------------------------------------------------
+    async def handle(self, http: Request, req: api._SamplingFields, kind: Kind) -> Response:
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        head = api.ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", self.model_name)
+        echo = bool(getattr(req, "echo", False))
+        try:
+            texts, prompts, params = await self.prepare(req, kind)
+            streams = await self.start_requests(prompts, params, head.id, req.priority)
+        except LookupError as error:
+            return _error(404, str(error), "invalid_request_error", "model", "model_not_found")
+        except api.InvalidRequestError as error:
+            return _error(400, str(error), "invalid_request_error", error.param)
+        except (ValueError, TypeError) as error:  # the engine's own validation
+            return _error(400, str(error), "invalid_request_error", None)
+        except QueueFullError as error:
+            return _error(503, str(error), "server_overloaded", None, "queue_full")
+        except EngineDeadError as error:
+            return _error(503, str(error), "server_error", None, "engine_unavailable")
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            events = self.stream_events(kind, head, texts, streams, params.n, echo, include_usage,
+                                        req.num_logprobs())
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            outputs = await self.collect(http, streams)
+        except _ClientGone:
+            return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+        except RequestFailedError as error:
+            return _error(500, str(error), "server_error", None)
+        except EngineDeadError as error:
+            return _error(503, str(error), "server_error", None, "engine_unavailable")
+        return JSONResponse(self.full_response(kind, head, texts, outputs, echo, req.num_logprobs()))
+
+    def models(self) -> dict:
+        card = {"id": self.model_name, "object": "model", "created": self.started, "owned_by": "minivllm",
+                "root": self.model_path, "max_model_len": self.llm.max_model_len}
+        return {"object": "list", "data": [card]}
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _wait_for_disconnect(http: Request) -> None:
+    while True:
+        message = await http.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """``(prompt index, output)`` from several streams as each arrives."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    pending: dict[asyncio.Future, int] = {asyncio.ensure_future(_next(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                out = task.result()
+                if out is None:
+                    continue
+                yield i, out
+                if not out.finished:
+                    pending[asyncio.ensure_future(_next(streams[i]))] = i
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def _next(stream: RequestStream) -> RequestOutput | None:
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def build_app(llm: AsyncLLM, model_name: str) -> FastAPI:
+    """The FastAPI application. ``llm``'s loop starts with the app and stops with it."""
+    server = OpenAIServer(llm, model_name, llm.engine.model_path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        llm.start()
+        yield
+        await llm.shutdown()
+
+    app = FastAPI(title="minivllm", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return _error(400, message, "invalid_request_error", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error")
+
+    @app.post("/v1/completions")
+    async def completions(body: api.CompletionRequest, http: Request) -> Response:
+        return await server.handle(http, body, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: api.ChatCompletionRequest, http: Request) -> Response:
+        return await server.handle(http, body, "chat")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return server.models()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if llm.is_running:
+            return Response(status_code=200)
+        return _error(503, "the engine loop is not running", "server_error")
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(llm.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

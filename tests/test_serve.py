@@ -1,0 +1,476 @@
+"""``minivllm serve`` end to end, through the official ``openai`` client.
+
+One server per module runs in a background thread on a free loopback port; its greedy outputs
+are checked against ``LLM.generate`` with the same parameters (and chat prompts against
+Hugging Face's own rendering of the chat template). The graceful-shutdown test starts the real
+command in a subprocess and sends it SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import minivllm  # noqa: E402
+from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.entrypoints import AsyncLLM  # noqa: E402
+from minivllm.entrypoints.launcher import DEFAULT_MODEL_NAME, start_in_thread  # noqa: E402
+
+MODEL = DEFAULT_MODEL_NAME
+ENGINE_ARGS = {"max_num_seqs": 64, "seed": 0}
+PROMPTS = ["Once upon a time", "The little fox", "Mia had a red ball", "One sunny day, Leo"]
+
+
+# --- fixtures and helpers -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    llm = AsyncLLM.from_engine_args(**ENGINE_ARGS)
+    with start_in_thread(llm) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return LLM(**ENGINE_ARGS)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+def read_metrics(url: str) -> dict[str, float]:
+    """``{'name{labels}': value}`` for every sample of ``GET /metrics``."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def assert_idle(srv) -> None:
+    """No request running or waiting, every KV block free: on the gauges and in the engine."""
+    wait_until(lambda: not srv.llm.engine.has_unfinished_requests(), what="the engine to go idle")
+    m = wait_until(
+        lambda: (lambda m: m if m["minivllm_num_requests_running"] == 0 else None)(read_metrics(srv.url)),
+        what="the running gauge to reach 0",
+    )
+    assert m["minivllm_num_requests_waiting"] == 0
+    assert m["minivllm_kv_cache_usage_ratio"] == 0
+    assert srv.llm.engine.kv.num_used_blocks == 0
+
+
+def error_of(exc: openai.APIStatusError) -> dict:
+    body = exc.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+# --- completions and chat -------------------------------------------------------------------
+def test_completions_greedy_match_llm_generate(client, reference):
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=24, temperature=0)
+    want = reference.generate(PROMPTS, greedy(24), use_tqdm=False)
+    assert [c.index for c in resp.choices] == list(range(len(PROMPTS)))
+    assert [c.text for c in resp.choices] == [w.outputs[0].text for w in want]
+    assert all(c.finish_reason in ("length", "stop") for c in resp.choices)
+    assert resp.usage.prompt_tokens == sum(len(w.prompt_token_ids) for w in want)
+    assert resp.usage.completion_tokens == sum(len(w.outputs[0].token_ids) for w in want)
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+
+
+def test_completion_from_token_ids_and_stop_string(client, reference):
+    ids = reference.tokenizer("Once upon a time").input_ids
+    resp = client.completions.create(model=MODEL, prompt=ids, max_tokens=40, temperature=0, stop=["."])
+    want = reference.generate([ids], greedy(40, stop=["."]), use_tqdm=False)[0].outputs[0]
+    assert resp.choices[0].text == want.text and "." not in want.text
+    assert resp.choices[0].finish_reason == "stop"
+
+
+def test_streamed_completion_equals_the_full_one_and_reports_usage(client, reference):
+    stream = client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=30, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    want = reference.generate([PROMPTS[1]], greedy(30), use_tqdm=False)[0]
+    text_chunks, usage_chunk = chunks[:-1], chunks[-1]
+    assert len(text_chunks) > 3, "tokens must arrive as they are generated, not in one piece"
+    assert "".join(c.choices[0].text for c in text_chunks) == want.outputs[0].text
+    assert [c.choices[0].finish_reason for c in text_chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in text_chunks[:-1])
+    assert all(c.usage is None for c in text_chunks)
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 30
+    assert usage_chunk.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def joined_by_index(chunks, chat: bool = False) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            piece = (c.delta.content or "") if chat else c.text
+            texts[c.index] = texts.get(c.index, "") + piece
+    return texts
+
+
+def test_streamed_batch_of_prompts_and_echo(client, reference):
+    want = reference.generate(PROMPTS[:3], greedy(10), use_tqdm=False)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[:3], max_tokens=10, temperature=0,
+                                            stream=True))
+    assert joined_by_index(chunks) == {i: w.outputs[0].text for i, w in enumerate(want)}
+    echoed = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPTS[0] + want[0].outputs[0].text
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0,
+                                            echo=True, stream=True))
+    assert joined_by_index(chunks)[0] == PROMPTS[0] + want[0].outputs[0].text
+
+
+def test_n_choices_with_a_seed_match_llm_generate(client, reference):
+    kw = {"n": 3, "temperature": 1.0, "top_p": 0.9, "seed": 7}
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=12, **kw)
+    want = reference.generate(PROMPTS[:2], SamplingParams(max_tokens=12, **kw), use_tqdm=False)
+    assert [c.index for c in resp.choices] == list(range(6))
+    assert [c.text for c in resp.choices] == [c.text for w in want for c in w.outputs]
+    assert len({c.text for c in resp.choices}) > 1, "sampled choices should differ"
+
+
+def hf_chat_ids(messages) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minivllm.TINY_MODEL_DIR)
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+
+
+def test_chat_greedy_matches_llm_generate_on_the_templated_prompt(client, reference):
+    messages = [{"role": "system", "content": "You tell short stories."},
+                {"role": "user", "content": "Tell me about a fox."}]
+    want = reference.generate([hf_chat_ids(messages)], greedy(20), use_tqdm=False)[0]
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content == want.outputs[0].text
+    assert resp.usage.prompt_tokens == len(want.prompt_token_ids)
+
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                            stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.outputs[0].text
+    assert chunks[-1].choices[0].finish_reason == want.outputs[0].finish_reason
+
+
+def test_streamed_chat_with_n_choices_matches_the_full_response(client):
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12,
+          "n": 2, "temperature": 1.0, "seed": 11}
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert [(c.index, c.delta.role) for c in chunks[0].choices] == [(0, "assistant"), (1, "assistant")]
+    assert joined_by_index(chunks, chat=True) == {c.index: c.message.content for c in full.choices}
+    finishes = {c.index: c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason}
+    assert finishes == {c.index: c.finish_reason for c in full.choices}
+
+
+def test_chat_default_max_tokens_fills_the_context(client, server):
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], temperature=0,
+        extra_body={"stop": ["\n"]},
+    )
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    assert resp.usage.prompt_tokens + resp.usage.completion_tokens <= server.llm.max_model_len
+
+
+# --- batching and disconnects ----------------------------------------------------------------
+def test_32_concurrent_streams_are_batched_and_get_their_own_tokens(server, reference):
+    prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(32)]
+    want = [o.outputs[0].text for o in reference.generate(prompts, greedy(16), use_tqdm=False)]
+    before = read_metrics(server.url)
+
+    async def one(aclient, prompt):
+        stream = await aclient.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0,
+                                                  stream=True)
+        return "".join([c.choices[0].text async for c in stream])
+
+    async def run_all():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        async with aclient:
+            return await asyncio.gather(*(one(aclient, p) for p in prompts))
+
+    got = asyncio.run(run_all())
+    assert got == want
+    after = read_metrics(server.url)
+    steps = after["minivllm_iteration_batch_size_count"] - before["minivllm_iteration_batch_size_count"]
+    seqs = after["minivllm_iteration_batch_size_sum"] - before["minivllm_iteration_batch_size_sum"]
+    single = (after['minivllm_iteration_batch_size_bucket{le="1.0"}']
+              - before['minivllm_iteration_batch_size_bucket{le="1.0"}'])
+    assert seqs / steps > 4, f"{seqs} sequences in {steps} steps: the engine did not batch the clients"
+    assert single < steps
+    assert after["minivllm_time_to_first_token_seconds_count"] - before["minivllm_time_to_first_token_seconds_count"] == 32
+    assert after["minivllm_generation_tokens_total"] - before["minivllm_generation_tokens_total"] == 32 * 16
+    assert_idle(server)
+
+
+def aborts(url: str) -> float:
+    return read_metrics(url).get('minivllm_request_success_total{finished_reason="abort"}', 0.0)
+
+
+def test_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(client, server):
+    before = aborts(server.url)
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1500, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    pieces = [next(iter(stream)).choices[0].text for _ in range(3)]
+    assert all(isinstance(p, str) for p in pieces)
+    assert server.llm.engine.has_unfinished_requests()
+    stream.close()
+    wait_until(lambda: aborts(server.url) == before + 1, what="the abort")
+    assert_idle(server)
+    # ...and the server still serves
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_client_that_gives_up_on_a_non_streaming_request_is_aborted(server):
+    before = aborts(server.url)
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 1500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
+    wait_until(lambda: aborts(server.url) == before + 1, what="the abort")
+    assert_idle(server)
+
+
+# --- errors ----------------------------------------------------------------------------------
+BAD_BODIES = [
+    # (endpoint, body, param named, text the message must contain)
+    ("completions", {"prompt": "x", "temperature": -1}, "temperature", ">= 0"),
+    ("completions", {"prompt": "x", "top_p": 0}, "top_p", "(0, 1]"),
+    ("completions", {"prompt": "x", "n": 0}, "n", "[1, 128]"),
+    ("completions", {"prompt": "x", "n": "two"}, "n", "integer"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", ">= 1"),
+    ("completions", {"prompt": "x", "max_tokens": 4000}, "max_tokens", "2048"),
+    ("completions", {"prompt": [5] * 2048, "max_tokens": 1}, "prompt", "2048"),
+    ("completions", {"prompt": [5, 99999]}, "prompt", "[0, 1976)"),
+    ("completions", {"prompt": []}, "prompt", "empty"),
+    ("completions", {"prompt": "x", "stop": [""]}, "stop", "non-empty"),
+    ("completions", {"prompt": "x", "min_tokens": 5, "max_tokens": 2}, "min_tokens", "max_tokens=2"),
+    ("completions", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ("completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+    ("completions", {"prompt": "x", "temperature": True, "top_k": 1.5}, "top_k", "integer"),
+    ("completions", {"temperature": 0.5}, "prompt", "required"),
+    ("chat/completions", {"messages": []}, "messages", "at least 1"),
+    ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages", "role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
+     "image_url"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools", "not supported"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "param", "needle"), BAD_BODIES)
+def test_bad_parameters_get_400_naming_the_field(server, endpoint, body, param, needle):
+    resp = httpx.post(f"{server.url}/v1/{endpoint}", json={"model": MODEL, **body}, timeout=30)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param, err
+    assert needle in err["message"], err["message"]
+
+
+@pytest.mark.parametrize("raw", [b'{"prompt": "x", ', b"not json", b'["a", "list"]', b"",
+                                 b'{"prompt": "x", "temperature": NaN}', b'{"prompt": "x", "top_p": Infinity}'])
+def test_malformed_json_gets_400_and_the_server_keeps_serving(server, client, raw):
+    resp = httpx.post(server.url + "/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_unknown_model_and_route_get_404(client, server):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    err = error_of(info.value)
+    assert err["code"] == "model_not_found" and "gpt-4" in err["message"]
+    assert httpx.get(server.url + "/v1/nothing").json()["error"]["type"] == "not_found_error"
+
+
+def test_request_that_makes_the_engine_raise_fails_and_the_server_goes_on(client, server, reference):
+    """A stop token id beyond the vocabulary makes today's sampler raise inside ``step()``;
+    the caller gets an error naming the value (400 once the engine validates it at the door,
+    500 while it fails in ``step()``), and later requests are served as if nothing happened."""
+    bad = {"min_tokens": 2, "stop_token_ids": [1_000_000]}
+    with pytest.raises((openai.BadRequestError, openai.InternalServerError)) as info:
+        client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, extra_body=bad)
+    assert "1000000" in error_of(info.value)["message"]
+    with pytest.raises((openai.BadRequestError, openai.APIError)):  # the same, streamed
+        list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, stream=True,
+                                       extra_body=bad))
+    assert_idle(server)
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=16, temperature=0)
+    assert resp.choices[0].text == reference.generate([PROMPTS[3]], greedy(16), use_tqdm=False)[0].outputs[0].text
+
+
+# --- models, health, metrics ------------------------------------------------------------------
+def test_models_and_health(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].max_model_len == server.llm.max_model_len
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_metrics_are_valid_prometheus_text(server, client):
+    parser = pytest.importorskip("prometheus_client.parser")
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
+    resp = httpx.get(server.url + "/metrics")
+    assert resp.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in parser.text_string_to_metric_families(resp.text)}
+    for name, kind in [("minivllm_num_requests_running", "gauge"), ("minivllm_num_requests_waiting", "gauge"),
+                       ("minivllm_kv_cache_usage_ratio", "gauge"), ("minivllm_prefix_cache_hit_rate", "gauge"),
+                       ("minivllm_num_preemptions", "counter"),
+                       ("minivllm_time_to_first_token_seconds", "histogram"),
+                       ("minivllm_inter_token_latency_seconds", "histogram"),
+                       ("minivllm_e2e_request_latency_seconds", "histogram")]:
+        assert families[name].type == kind, name
+    ttft = {s.labels.get("le"): s.value for s in families["minivllm_time_to_first_token_seconds"].samples
+            if s.name.endswith("_bucket")}
+    counts = [ttft[k] for k in ttft]
+    assert counts == sorted(counts) and ttft["+Inf"] >= 1, "buckets must be cumulative"
+
+
+def test_prefix_cache_hit_rate_is_reported(server, client):
+    system = " ".join(["The little fox ran to the big tree and saw a bird."] * 6)
+    for tail in ("Then", "Later"):
+        client.completions.create(model=MODEL, prompt=f"{system} {tail}", max_tokens=2)
+    assert read_metrics(server.url)["minivllm_prefix_cache_hit_rate"] > 0
+
+
+# --- load shedding -----------------------------------------------------------------------------
+def test_full_queue_gets_503_with_retry_after():
+    llm = AsyncLLM.from_engine_args(max_num_seqs=1, max_waiting=1)
+    with start_in_thread(llm) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        long = client.completions.create(model=MODEL, prompt="Once", max_tokens=1500, stream=True,
+                                         extra_body={"ignore_eos": True})
+        next(iter(long))  # the long request holds the only seat
+        waiter = {}
+        thread = threading.Thread(target=lambda: waiter.update(
+            r=client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)))
+        thread.start()
+        wait_until(lambda: read_metrics(srv.url)["minivllm_num_requests_waiting"] == 1, what="one waiting")
+        with pytest.raises(openai.InternalServerError) as info:
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=3)
+        assert info.value.status_code == 503
+        assert info.value.response.headers["retry-after"] == "1"
+        err = error_of(info.value)
+        assert err["code"] == "queue_full" and "max_waiting=1" in err["message"]
+        long.close()  # frees the seat: the waiting request runs
+        thread.join(60)
+        assert waiter["r"].usage.completion_tokens == 3
+        assert read_metrics(srv.url)['minivllm_request_rejected_total{reason="queue_full"}'] == 1
+
+
+# --- graceful shutdown -------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_sse(url: str, body: dict, events: list[str], first: threading.Event) -> None:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                first.set()
+
+
+LONG_STREAM = {"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+
+def test_shutdown_drains_then_aborts_running_streams():
+    """The shutdown sequence in-process (the SIGTERM test below adds the real signal and the
+    exit status): refuse new connections, give running requests the grace period, then end
+    their streams with finish_reason "abort", free every block and stop the engine loop."""
+    llm = AsyncLLM.from_engine_args(max_num_seqs=4)
+    srv = start_in_thread(llm, grace=0.5)
+    events: list[str] = []
+    first = threading.Event()
+    reader = threading.Thread(target=read_sse, args=(srv.url, LONG_STREAM, events, first))
+    reader.start()
+    assert first.wait(60)
+    srv.server.handle_exit(signal.SIGTERM, None)
+    reader.join(30)
+    srv.thread.join(30)
+    assert not reader.is_alive() and not srv.thread.is_alive()
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])["choices"][0]
+    assert last["finish_reason"] == "abort", "2000 tokens cannot finish in a 0.5 s grace period"
+    assert not llm.is_running
+    assert not llm.engine.has_unfinished_requests() and llm.engine.kv.num_used_blocks == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(srv.url + "/health", timeout=5)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_accepting_ends_streams_and_exits_0():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--shutdown-timeout", "2",
+         "--max-num-seqs", "4", "--log-level", "warning"],
+        env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        def healthy():
+            try:
+                return httpx.get(url + "/health", timeout=1).status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read()
+                return False
+
+        wait_until(healthy, timeout=120, what="the server to start")
+        events: list[str] = []
+        first = threading.Event()
+        reader = threading.Thread(target=read_sse, args=(url, LONG_STREAM, events, first))
+        reader.start()
+        assert first.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.TransportError):  # no new connections during the drain
+            httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
+        reader.join(60)
+        assert proc.wait(60) == 0, proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    # On a CPU the 2000 tokens take far longer than the 2 s grace: the stream is aborted.
+    assert last["choices"][0]["finish_reason"] in ("abort", "length")
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    assert re.search(r"\w", text)
