@@ -49,6 +49,16 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+# A plain chat format the model can continue: system text, then 'User:' / 'Assistant:' turns.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ message['content'] | trim }}\n\n{% elif message['role'] == 'user' %}User: {{ me"
+    "ssage['content'] | trim }}\n{% elif message['role'] == 'assistant' %}Assistant: {"
+    "{ message['content'] | trim }}\n{% else %}{{ raise_exception('message role must b"
+    "e system, user or assistant, got ' + message['role']) }}{% endif %}{% endfor %}{"
+    "% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
 # --------------------------------------------------------------------------
 # Tokenizer
 # --------------------------------------------------------------------------
@@ -97,6 +107,7 @@ def train_tokenizer(docs: list[str], vocab_size: int, out: Path):
     # Without this, transformers 4.x also returns token_type_ids, which
     # LlamaForCausalLM.generate() rejects.
     cfg["model_input_names"] = ["input_ids", "attention_mask"]
+    cfg["chat_template"] = CHAT_TEMPLATE  # for `minivllm serve`'s /v1/chat/completions
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     with open(out / "special_tokens_map.json", "w", encoding="utf-8") as f:
         json.dump({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, f, indent=2)

@@ -280,7 +280,7 @@ BAD_BODIES = [
     ("completions", {"prompt": "x", "stop": [""]}, "stop", "non-empty"),
     ("completions", {"prompt": "x", "min_tokens": 5, "max_tokens": 2}, "min_tokens", "max_tokens=2"),
     ("completions", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
-    ("completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+    ("completions", {"prompt": "x", "logprobs": 21}, "logprobs", "[0, 20]"),
     ("completions", {"prompt": "x", "temperature": True, "top_k": 1.5}, "top_k", "integer"),
     ("completions", {"temperature": 0.5}, "prompt", "required"),
     ("chat/completions", {"messages": []}, "messages", "at least 1"),
@@ -319,20 +319,46 @@ def test_unknown_model_and_route_get_404(client, server):
     assert httpx.get(server.url + "/v1/nothing").json()["error"]["type"] == "not_found_error"
 
 
-def test_request_that_makes_the_engine_raise_fails_and_the_server_goes_on(client, server, reference):
-    """A stop token id beyond the vocabulary makes today's sampler raise inside ``step()``;
-    the caller gets an error naming the value (400 once the engine validates it at the door,
-    500 while it fails in ``step()``), and later requests are served as if nothing happened."""
+def test_a_request_the_engine_fails_gets_an_error_and_the_server_goes_on(client, server, reference):
+    """A stop token id beyond the vocabulary is refused at the door (400 naming it). A request
+    whose logits come out NaN is failed by the engine alone: its caller gets a 500 with the
+    reason, a concurrent request and later ones are served as if nothing happened."""
     bad = {"min_tokens": 2, "stop_token_ids": [1_000_000]}
-    with pytest.raises((openai.BadRequestError, openai.InternalServerError)) as info:
+    with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, extra_body=bad)
     assert "1000000" in error_of(info.value)["message"]
-    with pytest.raises((openai.BadRequestError, openai.APIError)):  # the same, streamed
-        list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, stream=True,
-                                       extra_body=bad))
+
+    runner = server.llm.engine.runner
+    real = runner.sampler
+    victim = reference.tokenizer(PROMPTS[1]).input_ids
+
+    class NaNForOnePrompt:
+        def __call__(self, logits, requests):
+            for i, r in enumerate(requests):
+                if r.prompt_token_ids == victim:
+                    logits[i, 0] = float("nan")
+            return real(logits, requests)
+
+    runner.sampler = NaNForOnePrompt()
+    try:
+        with pytest.raises(openai.InternalServerError) as info:
+            client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=8)
+        assert "non-finite logits" in error_of(info.value)["message"]
+        with pytest.raises(openai.APIError):  # the same, streamed
+            list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=8, stream=True))
+        resp = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=16, temperature=0)
+    finally:
+        runner.sampler = real
     assert_idle(server)
-    resp = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=16, temperature=0)
     assert resp.choices[0].text == reference.generate([PROMPTS[3]], greedy(16), use_tqdm=False)[0].outputs[0].text
+
+
+def test_logprobs_match_the_engine(client, reference):
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=2)
+    want = reference.generate([PROMPTS[0]], greedy(6, logprobs=2), use_tqdm=False)[0].outputs[0]
+    got = resp.choices[0].logprobs
+    assert got.token_logprobs == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)])
+    assert [len(top) for top in got.top_logprobs] == [2] * 6
 
 
 # --- models, health, metrics ------------------------------------------------------------------

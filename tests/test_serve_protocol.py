@@ -97,14 +97,11 @@ def test_refusals_name_the_parameter(fields, param):
     assert info.value.param == param
 
 
-def test_logprobs_are_refused_until_the_engine_returns_them(monkeypatch):
-    assert not api.ENGINE_RETURNS_LOGPROBS  # flip this test when CompletionOutput gains logprobs
-    with pytest.raises(api.InvalidRequestError, match="not supported"):
-        api.to_sampling_params(chat(logprobs=True, top_logprobs=2), 1, 2048)
+def test_logprobs_settings_reach_the_engine():
     with pytest.raises(api.InvalidRequestError, match="requires logprobs=true"):
         api.to_sampling_params(chat(top_logprobs=2), 1, 2048)
-    monkeypatch.setattr(api, "ENGINE_RETURNS_LOGPROBS", True)
     assert api.to_sampling_params(chat(logprobs=True, top_logprobs=2), 1, 2048).logprobs == 2
+    assert api.to_sampling_params(chat(), 1, 2048).logprobs is None
     with pytest.raises(api.InvalidRequestError, match=r"\[0, 20\]"):
         api.to_sampling_params(api.CompletionRequest(prompt="x", logprobs=21), 1, 2048)
 

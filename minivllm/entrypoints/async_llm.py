@@ -21,8 +21,10 @@ calls ``step()``. ``AsyncLLM`` puts the two together the way vLLM's ``AsyncLLM``
 * A caller that goes away (its stream or generator is closed or cancelled) aborts its request
   at once, which frees its KV blocks; an explicit :meth:`AsyncLLM.abort` ends the caller's
   stream with ``finish_reason="abort"``.
-* An exception inside ``step()`` fails the requests the engine holds with that error and the
-  loop carries on serving newcomers; it never dies silently.
+* A request the engine ends with an error (``finish_reason="error"``: its row could not be
+  sampled, or its step failed) fails its caller with that message; the others go on. Should
+  ``step()`` itself raise, every request the engine holds fails with the error and the loop
+  carries on serving newcomers; it never dies silently.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from minivllm.entrypoints.metrics import ServerMetrics
 from minivllm.model.loader import load_tokenizer
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
+
+STATS_WINDOW = 10_000  # steps (and finished requests) the engine keeps in detail when serving
 
 
 class EngineDeadError(RuntimeError):
@@ -179,7 +183,13 @@ class AsyncLLM:
         self.max_waiting = max_waiting
         self.metrics = metrics or ServerMetrics()
         # The engine's tokenizer belongs to the loop thread; callers tokenize with their own.
-        self.tokenizer = load_tokenizer(engine.model_path)
+        self.tokenizer = (
+            None if engine.tokenizer is None else load_tokenizer(engine.args.tokenizer or engine.model_path)
+        )
+        # A server runs for days: keep a short window of per-step figures (totals are kept
+        # anyway); the gauges read the steps recorded since the last look.
+        engine.stats.window = min(engine.stats.window or STATS_WINDOW, STATS_WINDOW)
+        self._steps_seen = engine.stats.num_steps
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.model_config.vocab_size
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -240,6 +250,8 @@ class AsyncLLM:
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         """The engine's tokenization (BOS included), done on the caller's side."""
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this server has no tokenizer: send token ids")
             return prompt, list(self.tokenizer(prompt).input_ids)
         ids = list(prompt)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -424,11 +436,19 @@ class AsyncLLM:
         now = time.perf_counter()
         self._record_outputs(outputs, now)
         self._refresh_gauges()
+        items = []
         for out in outputs:
             if out.finished:
                 self._timing.pop(out.request_id, None)
-        if outputs:  # outputs of requests whose caller left are dropped by _deliver
-            self._post(self._deliver, [(out.request_id, out) for out in outputs])
+            errors = [c.error for c in out.outputs if c.finish_reason == "error"]
+            if out.finished and errors:
+                with self.metrics.lock:
+                    self.metrics.failed.inc()
+                items.append((out.request_id, RequestFailedError(f"the engine failed this request: {errors[0]}")))
+            else:
+                items.append((out.request_id, out))
+        if items:  # outputs of requests whose caller left are dropped by _deliver
+            self._post(self._deliver, items)
 
     def _fail_in_flight(self, error: Exception) -> None:
         """``step()`` raised. The engine cannot tell us which requests were in the failed
@@ -468,10 +488,11 @@ class AsyncLLM:
                         m.finished.inc(label_value=c.finish_reason or "unknown")
 
     def _refresh_gauges(self) -> None:
-        """Read the steps the engine recorded since last time (then drop them: a server runs
-        for days, and the engine keeps every step and every request's metrics otherwise)."""
+        """Read the steps the engine recorded since last time."""
         stats = self.engine.get_stats()
-        steps, m = stats.steps, self.metrics
+        new = stats.num_steps - self._steps_seen
+        self._steps_seen = stats.num_steps
+        steps, m = (stats.steps[-new:] if new > 0 else []), self.metrics
         with m.lock:
             for s in steps:
                 m.steps.inc()
@@ -490,10 +511,6 @@ class AsyncLLM:
                 m.running.set(last.num_running)
                 m.waiting.set(last.num_waiting)
                 m.kv_usage.set(last.kv_blocks_used / last.kv_blocks_total if last.kv_blocks_total else 0.0)
-        steps.clear()
-        done = [rid for rid, rm in stats.requests.items() if rm.finished_time is not None]
-        for rid in done:
-            del stats.requests[rid]
 
     def _stop(self, commands: list) -> None:
         """Shut down: refuse queued adds, abort every live request (ending its stream)."""

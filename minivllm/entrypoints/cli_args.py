@@ -14,25 +14,24 @@ import dataclasses
 import types
 import typing
 
-from minivllm.config import KV_CACHES, SCHEDULERS, EngineArgs
+from minivllm.config import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS, EngineArgs
+from minivllm.core.scheduler import SCHEDULING_POLICIES
 
 DEFAULT_PORT = 8000
 
-
-def _choices() -> dict[str, tuple[str, ...]]:
-    from minivllm.attention import ATTENTION_BACKENDS
-    from minivllm.core.scheduler import SCHEDULING_POLICIES
-
-    return {
-        "scheduler": SCHEDULERS,
-        "kv_cache": KV_CACHES,
-        "attention_backend": tuple(ATTENTION_BACKENDS),
-        "scheduling_policy": tuple(SCHEDULING_POLICIES),
-    }
+# fields with a fixed set of names (the plug-in points also take objects, but not from a shell)
+CHOICES = {
+    "scheduler": SCHEDULERS,
+    "kv_cache": KV_CACHES,
+    "attention_backend": ATTENTION_BACKENDS,
+    "scheduling_policy": SCHEDULING_POLICIES,
+}
 
 
 def _base_type(annotation) -> type:
-    """``int | None`` -> ``int``; ``bool`` -> ``bool``."""
+    """``int | None`` -> ``int``; ``bool`` -> ``bool``; a plug-in point (``Any``) -> ``str``."""
+    if annotation is typing.Any:
+        return str
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
         return inner
@@ -42,7 +41,6 @@ def _base_type(annotation) -> type:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine arguments (see minivllm/config.py; default: the engine's)")
     hints = typing.get_type_hints(EngineArgs)
-    choices = _choices()
     for f in dataclasses.fields(EngineArgs):
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(hints[f.name])
@@ -52,7 +50,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
         else:
-            group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
+            group.add_argument(flag, dest=f.name, type=kind, choices=CHOICES.get(f.name),
                                default=argparse.SUPPRESS, help=help_text)
 
 

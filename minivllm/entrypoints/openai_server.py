@@ -157,7 +157,7 @@ class OpenAIServer:
 
     def logprobs(self, kind: Kind, c, num: int | None, first_token: int = 0, text_offset: int = 0):
         """The choice's log-probabilities from token ``first_token`` on, in the API's shape
-        (None unless the request asked for them; see ``protocol.ENGINE_RETURNS_LOGPROBS``)."""
+        (None unless the request asked for them)."""
         if num is None or getattr(c, "logprobs", None) is None:
             return None
         ids, lps = c.token_ids[first_token:], c.logprobs[first_token:]

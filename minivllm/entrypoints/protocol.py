@@ -26,9 +26,6 @@ MAX_N = 128  # OpenAI's limit on choices per request
 MAX_PROMPTS = 2048  # OpenAI's limit on prompts in one completions request
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
-# The engine returns per-token log-probabilities once CompletionOutput has a ``logprobs``
-# field (vLLM's shape: one {token_id: Logprob(logprob, rank, decoded_token)} per token).
-ENGINE_RETURNS_LOGPROBS = "logprobs" in {f.name for f in dataclasses.fields(CompletionOutput)}
 
 
 class InvalidRequestError(ValueError):
@@ -174,9 +171,6 @@ def _refuse_unsupported(req: _SamplingFields) -> None:
             raise InvalidRequestError("only response_format type 'text' is supported", "response_format")
     num = req.num_logprobs()
     if num is not None:
-        if not ENGINE_RETURNS_LOGPROBS:
-            param = "logprobs" if isinstance(req, CompletionRequest) or not req.top_logprobs else "top_logprobs"
-            raise InvalidRequestError("logprobs are not supported by this engine yet", param)
         if not 0 <= num <= MAX_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {num}", "logprobs")
 
@@ -218,7 +212,7 @@ def to_sampling_params(req: _SamplingFields, prompt_len: int, max_model_len: int
             seed=req.seed,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            **({"logprobs": req.num_logprobs()} if ENGINE_RETURNS_LOGPROBS else {}),
+            logprobs=req.num_logprobs(),
         )
     except (ValueError, TypeError) as error:
         raise InvalidRequestError(str(error), _param_named_in(str(error), req)) from error
@@ -317,7 +311,7 @@ def chunk(head: ResponseHeader, kind: Literal["completion", "chat"], choices: li
             "choices": choices, "usage": usage_}
 
 
-# --- log-probabilities (used once the engine returns them; see ENGINE_RETURNS_LOGPROBS) ----------
+# --- log-probabilities: the engine's per-token {token_id: Logprob} in OpenAI's shapes ------------
 def _token_text(tokenizer, token_id: int, logprob: Any) -> str:
     text = getattr(logprob, "decoded_token", None)
     return text if text is not None else tokenizer.decode([token_id])
