@@ -10,6 +10,8 @@ The three plug-in points take a name *or* an object that implements the protocol
 * ``kv_cache="paged" | "contiguous" | <KVCacheManager instance>``
 * ``scheduler="continuous" | "static" | <Scheduler instance> | <factory(config, kv) -> Scheduler>``
 * ``attention_backend="auto" | "torch" | "torch_padded" | "triton" | <backend instance>``
+
+and the step loop itself can be replaced: ``engine_core=<EngineCore subclass or factory>``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.core.interfaces import KVCacheManager, Scheduler, check_implements
-from minivllm.core.scheduler import SCHEDULING_POLICIES, SchedulerConfig
+from minivllm.core.policies import make_policy
+from minivllm.core.scheduler import SchedulerConfig
 
 SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
@@ -88,10 +91,11 @@ class EngineArgs:
     dtype: str = "auto"
     device: str | None = None
     seed: int | None = 0
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: Any = "fcfs"  # "fcfs" | "priority" | <SchedulingPolicy instance>
     tokenizer: str | None = None  # tokenizer directory if not the model's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts in, token ids out
     debug_checks: bool = False  # check KV invariants and every K/V read after each step
+    engine_core: Any = None  # the step loop: an EngineCore subclass or factory (default EngineCore)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -118,8 +122,11 @@ class EngineArgs:
         _check_choice("scheduler", self.scheduler, SCHEDULERS, Scheduler, factory_ok=True)
         _check_choice("kv_cache", self.kv_cache, KV_CACHES, KVCacheManager)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS, None)
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy={self.scheduling_policy!r} is not one of {SCHEDULING_POLICIES}")
+        if self.engine_core is not None and not callable(self.engine_core):
+            raise TypeError(
+                f"engine_core must be an EngineCore subclass or a factory, got {type(self.engine_core).__name__}"
+            )
+        make_policy(self.scheduling_policy)
         self._check_conflicts()
 
     def _check_conflicts(self) -> None:
@@ -189,6 +196,15 @@ def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[
 
     cls = StaticBatchScheduler if args.scheduler == "static" else ContinuousScheduler
     return cls(sched_cfg, kv)
+
+
+def build_engine_core(args: EngineArgs, scheduler: Scheduler, executor, clock):
+    """The step loop over ``scheduler`` and ``executor``: ``args.engine_core`` (a class or
+    factory taking the same arguments as ``EngineCore``) or minivllm's own."""
+    from minivllm.core.engine_core import EngineCore
+
+    factory = args.engine_core or EngineCore
+    return factory(scheduler, executor, clock=clock, debug_checks=args.debug_checks)
 
 
 def build_kv_cache_manager(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]):

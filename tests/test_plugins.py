@@ -268,3 +268,58 @@ def test_plugins_that_miss_members_are_refused_by_name():
         LLM(attention_backend=object())
     with pytest.raises(ValueError, match="block_size=8 but block_size=16"):
         LLM(kv_cache=FreeListKV(64, 8))
+
+
+class ShortestPromptFirst:
+    """A scheduling policy: waiting requests with the shortest prompt go first."""
+
+    name = "shortest-prompt-first"
+
+    def waiting_key(self, request):
+        return (request.num_prompt_tokens, request.arrival_time)
+
+    def choose_victim(self, running):
+        return running[-1]
+
+    def may_preempt(self, incoming, victim):
+        return False
+
+
+def test_a_scheduling_policy_plugs_into_engine_and_simulator(reference_tokens):
+    from minivllm import workloads
+    from minivllm.sim import Simulator
+
+    sim = Simulator("llama-3-8b", "H100-SXM", max_num_seqs=1, scheduling_policy=ShortestPromptFirst(),
+                    record_decisions=True)
+    trace = workloads.fixed([300, 20, 100, 5], [3, 3, 3, 3])
+    sim.run(trace)
+    order = [step[0][0] for step in sim.decisions if step and step[0][1] > 1]  # prefills
+    lens = {it.request_id: it.prompt_len for it in trace}
+    assert [lens[r] for r in order] == [5, 20, 100, 300]  # all arrive at once: shortest first
+    llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False,
+              scheduling_policy=ShortestPromptFirst())
+    assert tokens(llm) == reference_tokens
+    with pytest.raises(TypeError, match="missing .*choose_victim"):
+        LLM(scheduling_policy=object())
+
+
+def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
+    """The smallest engine step: plan, run, let the blocks join the cache, append the tokens."""
+    from minivllm.core.engine_core import EngineCore, EngineCoreOutput
+
+    class PlainCore(EngineCore):
+        def step(self, choose_tokens=None):
+            start = self.clock()
+            plan = self.scheduler.schedule()
+            result = self.executor.execute(plan)
+            self.kv.commit_written_blocks()
+            finished = self.scheduler.update_from_output(result.sampled)
+            now = self.clock()
+            for req in finished:
+                self.stats.record_finish(req, now)
+            self.stats.record_step(self.scheduler, plan, start, now - start)
+            return EngineCoreOutput(plan, start, now, sampled=result.sampled, finished=finished)
+
+    llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False, engine_core=PlainCore)
+    assert type(llm.engine.core) is PlainCore
+    assert tokens(llm) == reference_tokens

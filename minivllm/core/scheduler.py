@@ -22,11 +22,13 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
+from minivllm.core.policies import POLICIES, FCFSPolicy, make_policy
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
-SCHEDULING_POLICIES = ("fcfs", "priority")
+SCHEDULING_POLICIES = tuple(POLICIES)
 
 
 @dataclass
@@ -35,11 +37,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
+    policy: Any = "fcfs"  # a name from SCHEDULING_POLICIES or a SchedulingPolicy object
 
     def __post_init__(self) -> None:
-        if self.policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy={self.policy!r} is not one of {SCHEDULING_POLICIES}")
+        make_policy(self.policy)  # a clear error now rather than at the first step
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -55,6 +56,10 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
         self.config = config
         self.kv = kv_cache_manager
+        self.policy = make_policy(config.policy)
+        # FCFS keeps a deque (preempted requests go back to its front); any other policy a
+        # heap ordered by its waiting_key
+        self._fifo = isinstance(self.policy, FCFSPolicy)
         self.running: list[Request] = []
         self._waiting_fifo: deque[Request] = deque()
         self._waiting_heap: list[tuple[int, float, int, Request]] = []
@@ -75,30 +80,28 @@ class Scheduler:
     # --- queue helpers -------------------------------------------------------------------
     @property
     def waiting(self) -> list[Request]:
-        if self.config.policy == "priority":
-            return [item[3] for item in sorted(self._waiting_heap)]
-        return list(self._waiting_fifo)
+        if self._fifo:
+            return list(self._waiting_fifo)
+        return [item[-1] for item in sorted(self._waiting_heap, key=lambda e: e[:-1])]
 
     @property
     def num_waiting(self) -> int:
         return len(self._waiting_heap) + len(self._waiting_fifo)
 
     def _push_waiting(self, request: Request, front: bool = False) -> None:
-        if self.config.policy == "priority":
-            key = (request.priority, request.arrival_time, next(self._counter), request)
-            heapq.heappush(self._waiting_heap, key)
+        if not self._fifo:
+            entry = (tuple(self.policy.waiting_key(request)), next(self._counter), request)
+            heapq.heappush(self._waiting_heap, entry)
         elif front:
             self._waiting_fifo.appendleft(request)
         else:
             self._waiting_fifo.append(request)
 
     def _peek_waiting(self) -> Request:
-        return self._waiting_heap[0][3] if self.config.policy == "priority" else self._waiting_fifo[0]
+        return self._waiting_fifo[0] if self._fifo else self._waiting_heap[0][-1]
 
     def _pop_waiting(self) -> Request:
-        if self.config.policy == "priority":
-            return heapq.heappop(self._waiting_heap)[3]
-        return self._waiting_fifo.popleft()
+        return self._waiting_fifo.popleft() if self._fifo else heapq.heappop(self._waiting_heap)[-1]
 
     # --- public API ----------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -110,9 +113,7 @@ class Scheduler:
         return bool(self.running) or self.num_waiting > 0
 
     def _pick_victim(self) -> Request:
-        if self.config.policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]
+        return self.policy.choose_victim(self.running)
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
         """Free the victim's blocks and requeue it for recomputation. If it was already part
@@ -232,13 +233,13 @@ class Scheduler:
         self.num_forked_tokens += parent.num_computed_tokens
 
     def _preempt_for(self, req: Request, out: SchedulerOutput) -> int | None:
-        """Priority policy only: make room for a more important waiting request by preempting
-        the least important running one. Returns the budget tokens freed, or None if no running
-        request ranks below ``req``."""
-        if self.config.policy != "priority" or not self.running:
+        """Make room for a waiting request by preempting a running one, if the policy allows
+        (the priority policy does when ``req`` outranks the least important running request).
+        Returns the budget tokens freed, or None."""
+        if not self.running:
             return None
         victim = self._pick_victim()
-        if (victim.priority, victim.arrival_time) <= (req.priority, req.arrival_time):
+        if victim is req or not self.policy.may_preempt(req, victim):
             return None
         return self._preempt(victim, out)
 
@@ -280,7 +281,7 @@ class Scheduler:
         if self._waiting_fifo:
             self._waiting_fifo = deque(r for r in self._waiting_fifo if r.request_id not in gone)
         if self._waiting_heap:
-            self._waiting_heap = [e for e in self._waiting_heap if e[3].request_id not in gone]
+            self._waiting_heap = [e for e in self._waiting_heap if e[-1].request_id not in gone]
             heapq.heapify(self._waiting_heap)
 
     def finish_requests(self, request_ids, status: RequestStatus) -> list[Request]:

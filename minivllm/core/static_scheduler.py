@@ -25,7 +25,7 @@ class StaticBatchScheduler(Scheduler):
     supports_forking = False
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
-        if config.policy != "fcfs":
+        if config.policy != "fcfs" and getattr(config.policy, "name", None) != "fcfs":
             raise ValueError("the static batching baseline supports only scheduling_policy='fcfs'")
         super().__init__(config, kv_cache_manager)
         self.batch: list[Request] = []  # current batch, finished members included

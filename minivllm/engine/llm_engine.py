@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from minivllm.config import EngineArgs, build_scheduler, check_int
-from minivllm.core.engine_core import EngineCore
+from minivllm.config import EngineArgs, build_engine_core, build_scheduler, check_int
 from minivllm.core.kv_cache_manager import cdiv
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
@@ -68,7 +67,7 @@ class LLMEngine:
             self.model, kv.num_blocks, kv.block_size, self.sampler, pad if pad is not None else 0,
             self.kv_dtype,
         )
-        self.core = EngineCore(scheduler, self.runner, debug_checks=args.debug_checks)
+        self.core = build_engine_core(args, scheduler, self.runner, time.perf_counter)
         self.output_processor = OutputProcessor(self.core, self.tokenizer)
         self._ids = itertools.count()
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from minivllm.config import EngineArgs, build_scheduler
-from minivllm.core.engine_core import EngineCore, EngineStalledError
+from minivllm.config import EngineArgs, build_engine_core, build_scheduler
+from minivllm.core.engine_core import EngineStalledError
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.kv_cache_manager import cdiv
 from minivllm.core.scheduler_output import SchedulerOutput
@@ -110,7 +110,7 @@ class Simulator:
         self.scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         self.kv = self.scheduler.kv
         self.executor = CostModelExecutor(self.cost_model, placeholder_token)
-        self.core = EngineCore(self.scheduler, self.executor, clock=lambda: self.executor.clock)
+        self.core = build_engine_core(args, self.scheduler, self.executor, lambda: self.executor.clock)
         self.record_decisions = record_decisions
         self.decisions: list[list[tuple[str, int]]] = []  # one entry per step, if recorded
 
