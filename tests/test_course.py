@@ -264,3 +264,12 @@ def test_grade_survives_a_file_that_does_not_import(tmp_path, monkeypatch, capsy
     monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
     assert cli_main(["grade"]) == 1
     assert "the file does not import: SyntaxError" in capsys.readouterr().out
+
+
+def test_working_falls_back_to_the_reference_with_a_notice(capsys):
+    stub = course.load("ex00_kv_memory", solutions=False)
+    assert course.working(stub).__course_source__ == "solutions"
+    assert "does not pass its checks yet" in capsys.readouterr().out
+    ref = course.load("ex00_kv_memory", solutions=True)
+    course.check(ref, verbose=False)
+    assert course.working(ref) is ref

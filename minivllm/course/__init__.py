@@ -8,6 +8,10 @@ In a notebook::
 
 ``course.load`` reads ``exercises/`` (your work) unless ``MINIVLLM_SOLUTIONS=1`` is set, then
 ``solutions/`` (the reference). The same cases run under ``pytest -m ex02`` and ``minivllm grade``.
+
+Cells after a check use ``ex = course.working(ex)``: your module if it passed its checks, else the
+reference solution with a notice, so that a student who is stuck can still run the rest of the
+notebook (plots, widgets, the chapter's numbers) and come back to the exercise later.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "Mismatch",
     "Report",
     "require",
+    "working",
 ]
 
 
@@ -51,10 +56,30 @@ def check(exercise: ModuleType | str, verbose: bool = True, raise_on_failure: bo
     if name is None:
         raise TypeError("check() needs a module from course.load(...) or an exercise name")
     report = run_cases(name, module, cases_for(name), getattr(module, "__course_source__", "?"))
+    module.__course_report__ = report
     print(report.render(verbose=verbose))
     if raise_on_failure and not report.passed:
         raise CheckFailed(f"{name}: {report.summary_line().strip()} (details above)")
     return report
+
+
+def working(exercise: ModuleType | str) -> ModuleType:
+    """The exercise module to use from here on: the given one if it passes every check (the
+    result of the last ``check`` of it, or a fresh run), else the reference solution, with a
+    notice saying so."""
+    module = load(exercise) if isinstance(exercise, str) else exercise
+    name = module.__exercise__
+    report = getattr(module, "__course_report__", None)
+    if report is None:
+        report = run_cases(name, module, cases_for(name), module.__course_source__)
+        module.__course_report__ = report
+    if report.passed:
+        return module
+    print(
+        f"note: {name} does not pass its checks yet ({report.summary_line().strip()}); the cells "
+        f"below use the reference solution. Fix your exercise and re-run the check cell to use yours."
+    )
+    return load(name, solutions=True)
 
 
 def grade(names: list[str] | None = None, solutions: bool | None = None) -> list[Report]:
