@@ -30,10 +30,18 @@ from minivllm.course.grading import (
     require,
     run_cases,
 )
-from minivllm.course.loader import course_root, exercise_names, load, resolve_name, use_solutions
+from minivllm.course.loader import (
+    course_root,
+    exercise_names,
+    load,
+    load_benchmark,
+    resolve_name,
+    use_solutions,
+)
 
 __all__ = [
     "load",
+    "load_benchmark",
     "check",
     "grade",
     "cases_for",
