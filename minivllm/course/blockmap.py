@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from minivllm.core.engine_core import EngineCore
 
 FREE_COLOR, CACHED_COLOR = "#ffffff", "#d9d9d9"
+LABEL_BOX = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.8)
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
 
@@ -168,16 +169,26 @@ class BlockMapRecorder:
                 events.append(f"{rid} {what} ({n} tokens computed{hit})")
         for victim in out.preempted:
             events.append(f"{victim.request_id} preempted (freed {before.get(victim.request_id, [])})")
+        siblings = set()
         for leader, kids in out.forks.items():
+            siblings.update(k.request_id for k in kids)
             events.append(f"{leader} forked into {', '.join(k.request_id for k in kids)}")
+        scheduled = {r.request_id for r in out.requests}
+        for rid, table in now.items():  # forked by someone else (beam search): shares its blocks
+            if rid not in before and rid not in scheduled and rid not in siblings:
+                events.append(f"{rid} forked (shares {table})")
         for src, dst in out.blocks_to_copy:
             events.append(f"copy-on-write {src} -> {dst}")
         for rid, table in now.items():
             old = before.get(rid)
             if old is not None and len(table) > len(old):
                 events.append(f"{rid} +block {table[len(old):]}")
+        ended = {r.request_id for r in result.finished} | {r.request_id for r in out.preempted}
         for req in result.finished:
             events.append(f"{req.request_id} finished (freed {before.get(req.request_id, [])})")
+        for rid in before:  # ended from outside the step (a beam dropped by beam search, an abort)
+            if rid not in now and rid not in ended:
+                events.append(f"{rid} dropped (released {before[rid]})")
         return events or ["decode"]
 
 
@@ -228,11 +239,11 @@ def draw_block_map(frame: BlockMapFrame, ax=None, colors: Mapping[str, str] | No
                                    edgecolor="none", hatch="///" if len(who) > 1 else None))
             if len(who) > 1:
                 ax.text(x + 0.46, y + 0.3, f"x{len(who)}", ha="center", va="center", fontsize=8,
-                        color="black", weight="bold")
+                        color="black", weight="bold", bbox=LABEL_BOX)
         else:
             face = CACHED_COLOR if b in cached else FREE_COLOR
             ax.add_patch(Rectangle((x, y), 0.92, 0.92, facecolor=face, edgecolor=edge, linewidth=0.8))
-        ax.text(x + 0.06, y + 0.86, str(b), ha="left", va="top", fontsize=6, color="#222222")
+        ax.text(x + 0.06, y + 0.86, str(b), ha="left", va="top", fontsize=6, color="#222222", bbox=LABEL_BOX)
     ax.set_xlim(-0.1, cols + 0.1)
     ax.set_ylim(-0.1, rows + 0.1)
     ax.set_aspect("equal")
