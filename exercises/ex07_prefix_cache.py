@@ -9,7 +9,7 @@ Notebook: notebooks/07_prefix_sharing_cow.ipynb. Check your work with
 ``PrefixCachingKVCacheManager`` implements minivllm's ``ForkingKVCacheManager`` protocol
 (``minivllm/core/interfaces.py``): ``LLM(kv_cache=PrefixCachingKVCacheManager(num_blocks, 16))``
 serves requests that share a prompt prefix from the same physical blocks, and runs ``n > 1``
-sampling and beam search by forking requests copy-on-write. You write five pieces:
+sampling and beam search by forking requests copy-on-write. You write four pieces:
 
 - ``hash_block`` / ``block_hashes``: the identity of a full block is its tokens *and everything
   before it*, so each block's hash chains the previous block's hash; a request's
