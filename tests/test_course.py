@@ -21,7 +21,7 @@ NAMES = course.exercise_names()
 
 def test_there_are_exercises():
     assert {"ex00_kv_memory", "ex01_static_waste", "ex02_continuous", "ex03_chunked_prefill",
-            "ex06_triton_kernel"} <= set(NAMES)
+            "ex04_block_allocator", "ex06_triton_kernel", "ex07_prefix_cache"} <= set(NAMES)
 
 
 # --- exercises/ is generated from solutions/ -----------------------------------------------------
@@ -201,6 +201,64 @@ MUTANTS = [
     ("ex06_triton_kernel", "heads = kv_head * GROUP + rows", "heads = rows * tl.num_programs(1) + kv_head"),
     # the softmax scale forgotten
     ("ex06_triton_kernel", 'tl.trans(k), input_precision="ieee") * scale', 'tl.trans(k), input_precision="ieee")'),
+    # ex04: a block boundary rounded down instead of up
+    ("ex04_block_allocator", "return max(cdiv(total, self.block_size) - len(", "return max(total // self.block_size - len("),
+    # ex04: the lookahead the static scheduler asks for is ignored
+    ("ex04_block_allocator", "total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens",
+     "total = request.num_computed_tokens + num_new_tokens"),
+    # ex04: a failed allocation keeps the blocks it took before running out
+    ("ex04_block_allocator",
+     "        if n > len(self.free_queue):\n            raise ValueError(f\"asked for {n} blocks but only {len(self.free_queue)} are free\")\n        taken = []\n        for _ in range(n):\n",
+     "        taken = []\n        for _ in range(n):\n            if not self.free_queue:\n                raise ValueError(\"out of blocks\")\n"),
+    # ex04: freed head first
+    ("ex04_block_allocator", "self.pool.free(reversed(table))", "self.pool.free(table)"),
+    # ex04: free ignores the other holders of a shared block
+    ("ex04_block_allocator", "block.ref_cnt -= 1\n            if block.ref_cnt == 0:", "block.ref_cnt = 0\n            if True:"),
+    # ex04: a double free goes unnoticed
+    ("ex04_block_allocator", "            if block.ref_cnt <= 0:\n                raise ValueError(f\"block {block.block_id} is already free\")\n", ""),
+    # ex04: the free list used as a stack (the block freed last is reused first)
+    ("ex04_block_allocator", "popitem(last=False)", "popitem()"),
+    # ex04: the partly filled last block not counted as held
+    ("ex04_block_allocator", "- len(self.tables.get(request.request_id, ())), 0)", "- request.num_computed_tokens // self.block_size, 0)"),
+    # ex04: refusing when exactly enough blocks are free
+    ("ex04_block_allocator", "if need > self.pool.num_free_blocks:", "if need >= self.pool.num_free_blocks:"),
+    # ex04: the logical block used as if it were the physical one
+    ("ex04_block_allocator", "table[pos // bs].block_id * bs + pos % bs", "pos // bs * bs + pos % bs"),
+    # ex04: the block id used as a slot (not multiplied by the block size)
+    ("ex04_block_allocator", "table[pos // bs].block_id * bs + pos % bs", "table[pos // bs].block_id + pos % bs"),
+    # ex07: a block hashed on its own tokens, not chained to its parent
+    ("ex07_prefix_cache", "return _digest((parent_hash, tuple(token_ids), extra_keys))", "return _digest((tuple(token_ids), extra_keys))"),
+    # ex07: the extra keys (cache_salt) ignored
+    ("ex07_prefix_cache", "return _digest((parent_hash, tuple(token_ids), extra_keys))", "return _digest((parent_hash, tuple(token_ids)))"),
+    # ex07: a trailing partial block hashed (and so registered)
+    ("ex07_prefix_cache", "range(0, len(token_ids) - block_size + 1, block_size)", "range(0, len(token_ids), block_size)"),
+    # ex07: the salt mixed into every block, so a chain continued from a parent hashes differently
+    ("ex07_prefix_cache", "extra = (cache_salt,) if parent is None and cache_salt is not None else None",
+     "extra = (cache_salt,) if cache_salt is not None else None"),
+    # ex07: the salt forgotten
+    ("ex07_prefix_cache", "extra = (cache_salt,) if parent is None and cache_salt is not None else None", "extra = None"),
+    # ex07: the chain restarted instead of continued from the given parent
+    ("ex07_prefix_cache", "    hashes: list[int] = []\n    for start", "    hashes: list[int] = []\n    parent = None\n    for start"),
+    # ex07: a hit covering the whole prompt (nothing left to compute, no logits)
+    ("ex07_prefix_cache", "max_hit_blocks = (request.num_tokens - 1) // self.block_size", "max_hit_blocks = request.num_tokens // self.block_size"),
+    # ex07: fork without taking references
+    ("ex07_prefix_cache", "        self.pool.touch(blocks)\n        self.tables[child.request_id]", "        self.tables[child.request_id]"),
+    # ex07: the child's table is the parent's list itself (a copy on write replaces both)
+    ("ex07_prefix_cache", "self.tables[child.request_id] = list(blocks)", "self.tables[child.request_id] = blocks"),
+    # ex07: copying a block nobody else holds
+    ("ex07_prefix_cache", "if table[i].ref_cnt > 1]", "if table[i].ref_cnt >= 1]"),
+    # ex07: the written range one block too long
+    ("ex07_prefix_cache", "(request.num_computed_tokens + num_new_tokens - 1) // self.block_size", "(request.num_computed_tokens + num_new_tokens) // self.block_size"),
+    # ex07: full shared blocks before the written range copied too
+    ("ex07_prefix_cache", "first = request.num_computed_tokens // self.block_size", "first = 0"),
+    # ex07: the copy keeps its reference to the shared block
+    ("ex07_prefix_cache", "        table[index] = new\n        self.pool.free([old])\n", "        table[index] = new\n"),
+    # ex07: the copy recorded backwards
+    ("ex07_prefix_cache", "self.pending_copies.append((old.block_id, new.block_id))", "self.pending_copies.append((new.block_id, old.block_id))"),
+    # ex07: blocks registered when allocated, before the step that writes them has run
+    ("ex07_prefix_cache", "            self._allocated_this_step.append(request)\n        return table",
+     "            self._allocated_this_step.append(request)\n            request.num_computed_tokens += num_hit_tokens + num_new_tokens\n"
+     "            self.commit_written_blocks()\n            request.num_computed_tokens -= num_hit_tokens + num_new_tokens\n        return table"),
 ]
 
 

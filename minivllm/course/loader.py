@@ -94,3 +94,22 @@ def load_path(path: Path, name: str, source: str) -> ModuleType:
     module.__exercise__ = name
     module.__course_source__ = source
     return module
+
+
+def load_benchmark(name: str, root: Path | None = None) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` as a module, so that a notebook reuses a benchmark's
+    functions instead of copying them (the benchmarks are scripts, not a package)."""
+    path = (root or course_root()) / "benchmarks" / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    mod_name = f"_minivllm_benchmark_{name}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module
