@@ -52,8 +52,9 @@ def gather_blocks(
     a row is its block ``p // block_size`` at offset ``p % block_size``. Positions past a
     sequence's length hold whatever the block holds and must be masked by the caller.
     """
-    blocks = cache[block_ids.long()]  # [..., nb, block_size, KVH, D]
-    return blocks.flatten(-4, -3)
+    # index_select on the flat list of ids: on a CPU about twice as fast as cache[block_ids]
+    blocks = cache.index_select(0, block_ids.reshape(-1).long())  # [n * nb, block_size, KVH, D]
+    return blocks.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
 
 
 def gather_kv(

@@ -33,7 +33,7 @@ class DecodeRows:
     """Every sequence of the step with exactly one new token, batched together."""
 
     token_rows: torch.Tensor | None  # [num_decodes] int64 rows of the flat batch; None: all rows
-    block_tables: torch.Tensor  # [num_decodes, nb] blocks up to the longest decode context
+    block_tables: torch.Tensor  # [num_decodes, nb] int64 blocks up to the longest decode context
     key_mask: torch.Tensor  # [num_decodes, 1, 1, nb * block_size] bool, True: position < seq_len
 
 
@@ -44,7 +44,7 @@ class PrefillRows:
     start: int
     stop: int
     context_len: int  # positions already cached before this step
-    context_blocks: torch.Tensor | None  # [ceil(context_len / block_size)] block ids; None: no context
+    context_blocks: torch.Tensor | None  # [ceil(context_len / block_size)] int64; None: no context
     causal_mask: torch.Tensor | None  # [q, context_len + q] bool, True: may attend; None: is_causal
 
 
@@ -117,7 +117,7 @@ def _decode_rows(
     positions = torch.arange(num_blocks * meta.block_size, device=device)
     lens_t = torch.tensor(lens, device=device)
     key_mask = (positions[None, :] < lens_t[:, None])[:, None, None, :]
-    return DecodeRows(rows, tables, key_mask)
+    return DecodeRows(rows, tables.long().contiguous(), key_mask)
 
 
 def _prefill_rows(
@@ -125,7 +125,7 @@ def _prefill_rows(
 ) -> PrefillRows:
     if context_len == 0:  # a whole prompt: plain causal attention among the new tokens
         return PrefillRows(start, start + query_len, 0, None, None)
-    blocks = meta.block_tables[seq, : -(-context_len // meta.block_size)]
+    blocks = meta.block_tables[seq, : -(-context_len // meta.block_size)].long()
     # new token j sits at position context_len + j and sees keys at positions <= that
     query_pos = context_len + torch.arange(query_len, device=device)
     key_pos = torch.arange(context_len + query_len, device=device)
