@@ -34,7 +34,7 @@ class DecodeRows:
 
     token_rows: torch.Tensor | None  # [num_decodes] int64 rows of the flat batch; None: all rows
     block_tables: torch.Tensor  # [num_decodes, nb] int64 blocks up to the longest decode context
-    key_mask: torch.Tensor  # [num_decodes, 1, 1, nb * block_size] bool, True: position < seq_len
+    key_bias: torch.Tensor  # [num_decodes, 1, 1, nb * block_size]: 0 where position < seq_len, else -inf
 
 
 @dataclass
@@ -45,7 +45,7 @@ class PrefillRows:
     stop: int
     context_len: int  # positions already cached before this step
     context_blocks: torch.Tensor | None  # [ceil(context_len / block_size)] int64; None: no context
-    causal_mask: torch.Tensor | None  # [q, context_len + q] bool, True: may attend; None: is_causal
+    causal_bias: torch.Tensor | None  # [q, context_len + q]: 0 where it may attend, else -inf; None: is_causal
 
 
 @dataclass
@@ -67,9 +67,11 @@ def host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
     return [b - a for a, b in zip(starts, starts[1:])], meta.seq_lens.tolist()
 
 
-def plan_step(meta: AttentionMetadata, device: torch.device) -> RaggedStepPlan:
+def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype) -> RaggedStepPlan:
     """Sort the step's sequences into decode rows and prefill rows; build their index tensors
-    and masks on ``device``. Cached in ``meta.backend_cache``: every layer reuses it."""
+    on ``device`` and their masks as additive biases in ``dtype`` (what SDPA would otherwise
+    rebuild from a boolean mask in every layer). Cached in ``meta.backend_cache``: every layer
+    reuses it."""
     cached = meta.backend_cache.get("torch_ragged")
     if cached is not None:
         return cached
@@ -87,13 +89,13 @@ def plan_step(meta: AttentionMetadata, device: torch.device) -> RaggedStepPlan:
             decode_seqs.append(seq)
             decode_token_rows.append(row)
         elif query_len > 1:
-            prefills.append(_prefill_rows(meta, seq, row, query_len, context_len, device))
+            prefills.append(_prefill_rows(meta, seq, row, query_len, context_len, device, dtype))
         row += query_len
     if row != num_tokens:
         raise ValueError(f"query lengths add up to {row} tokens but slot_mapping has {num_tokens}")
     decode = None
     if decode_seqs:
-        decode = _decode_rows(meta, decode_seqs, decode_token_rows, seq_lens, device)
+        decode = _decode_rows(meta, decode_seqs, decode_token_rows, seq_lens, device, dtype)
     kept_rows, kept_slots = _kept_rows(meta)
     plan = RaggedStepPlan(decode, prefills, kept_rows, kept_slots)
     meta.backend_cache["torch_ragged"] = plan
@@ -106,6 +108,7 @@ def _decode_rows(
     token_rows: list[int],
     seq_lens: list[int],
     device: torch.device,
+    dtype: torch.dtype,
 ) -> DecodeRows:
     lens = [seq_lens[s] for s in seqs]
     num_blocks = -(-max(lens) // meta.block_size)
@@ -116,12 +119,18 @@ def _decode_rows(
         tables = meta.block_tables[torch.tensor(seqs, device=meta.block_tables.device), :num_blocks]
     positions = torch.arange(num_blocks * meta.block_size, device=device)
     lens_t = torch.tensor(lens, device=device)
-    key_mask = (positions[None, :] < lens_t[:, None])[:, None, None, :]
-    return DecodeRows(rows, tables.long().contiguous(), key_mask)
+    key_bias = additive_bias(positions[None, :] < lens_t[:, None], dtype)[:, None, None, :]
+    return DecodeRows(rows, tables.long().contiguous(), key_bias)
 
 
 def _prefill_rows(
-    meta: AttentionMetadata, seq: int, start: int, query_len: int, context_len: int, device: torch.device
+    meta: AttentionMetadata,
+    seq: int,
+    start: int,
+    query_len: int,
+    context_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> PrefillRows:
     if context_len == 0:  # a whole prompt: plain causal attention among the new tokens
         return PrefillRows(start, start + query_len, 0, None, None)
@@ -129,8 +138,13 @@ def _prefill_rows(
     # new token j sits at position context_len + j and sees keys at positions <= that
     query_pos = context_len + torch.arange(query_len, device=device)
     key_pos = torch.arange(context_len + query_len, device=device)
-    mask = key_pos[None, :] <= query_pos[:, None]
-    return PrefillRows(start, start + query_len, context_len, blocks, mask)
+    bias = additive_bias(key_pos[None, :] <= query_pos[:, None], dtype)
+    return PrefillRows(start, start + query_len, context_len, blocks, bias)
+
+
+def additive_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``allowed``, -inf elsewhere, in ``dtype``: added to the scores before softmax."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def _kept_rows(meta: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -163,7 +177,7 @@ def decode_attention(
     k = gather_blocks(k_cache, rows.block_tables).to(query.dtype).transpose(1, 2)  # [N, KVH, L, D]
     v = gather_blocks(v_cache, rows.block_tables).to(query.dtype).transpose(1, 2)
     q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_mask, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_bias, scale=scale)
     return out.reshape(num_decodes, num_heads, head_dim)
 
 
@@ -191,7 +205,7 @@ def prefill_attention(
     # [1, heads, tokens, D]; enable_gqa lets query head h read KV head h // group without a copy
     out = F.scaled_dot_product_attention(
         query.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=rows.causal_mask, is_causal=rows.causal_mask is None, scale=scale, enable_gqa=True,
+        attn_mask=rows.causal_bias, is_causal=rows.causal_bias is None, scale=scale, enable_gqa=True,
     )
     return out[0].transpose(0, 1)
 
@@ -236,7 +250,7 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         if query.shape[0] == 0:
             return torch.empty_like(query)
-        plan = plan_step(meta, query.device)
+        plan = plan_step(meta, query.device, query.dtype)
         if plan.kept_rows is None:
             store_kv(key, value, k_cache, v_cache, plan.kept_slots)
         else:

@@ -273,7 +273,7 @@ def test_ragged_plan_is_built_once_per_step():
     assert step.meta.backend_cache["torch_ragged"] is plan
     assert len(plan.prefills) == 4 and plan.decode.token_rows.tolist() == [0, 18, 24, 58]
     # the decode rows gather blocks up to the longest *decode* context (64 tokens), no further
-    assert plan.decode.key_mask.shape[-1] == 64
+    assert plan.decode.key_bias.shape[-1] == 64
 
 
 def test_ragged_rejects_inconsistent_lengths():
