@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +89,8 @@ class EngineRun:
     elapsed_s: float  # the timed generate() of the whole trace
     outputs: list[list[int]]  # generated token ids, in trace order
     load_average: float  # 1-minute load average just before the engine started
-    other_cores: float | None = None  # cores other processes kept busy meanwhile (other_cpu_use)
+    other_cores: float | None = None  # cores other processes kept busy meanwhile (CpuMeter)
+    competitor_cores: float | None = None  # cores the --busy competitor got meanwhile
 
     def output_tokens_per_s(self) -> float:
         return sum(len(o) for o in self.outputs) / self.elapsed_s
@@ -123,18 +124,51 @@ def own_cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-@contextmanager
-def other_cpu_use(into: dict) -> Iterator[None]:
-    """Measure, over the block, how many cores other processes kept busy on average:
-    (machine CPU time - this benchmark's CPU time) / wall time. Stored as ``into["cores"]``
-    (None without ``/proc/stat``). A ``--busy`` competitor still running counts as other."""
-    machine0, own0, wall0 = machine_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
-    yield
-    machine1, own1, wall1 = machine_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
-    if machine0 is None or machine1 is None:
-        into["cores"] = None
-    else:
-        into["cores"] = max(0.0, (machine1 - machine0) - (own1 - own0)) / (wall1 - wall0)
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds a running process has used (user + system), from ``/proc/<pid>/stat``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class CpuMeter:
+    """How many cores, on average over a stretch of wall time, other processes kept busy and
+    how many the ``--busy`` competitor (a running child, pid ``competitor``) got.
+
+    others = (machine CPU time - this benchmark's CPU time - the competitor's) / wall time.
+    Each figure is None where ``/proc`` does not exist.
+    """
+
+    def __init__(self, competitor: int | None = None) -> None:
+        self.competitor = competitor
+        self.start = self._sample()
+
+    def _sample(self) -> tuple[float | None, float, float | None, float]:
+        mine = process_cpu_seconds(self.competitor) if self.competitor else 0.0
+        return machine_cpu_seconds(), own_cpu_seconds(), mine, time.perf_counter()
+
+    def stop(self) -> tuple[float | None, float | None]:
+        """(cores used by other processes, cores the competitor got) since construction."""
+        machine1, own1, comp1, wall1 = self._sample()
+        machine0, own0, comp0, wall0 = self.start
+        wall = wall1 - wall0
+        if comp0 is None or comp1 is None or machine0 is None or machine1 is None:
+            return None, None
+        competitor = (comp1 - comp0) / wall
+        others = max(0.0, (machine1 - machine0) - (own1 - own0) - (comp1 - comp0)) / wall
+        return others, (competitor if self.competitor else None)
+
+
+def measured(run: Callable[[], EngineRun], busy_threads: int | None) -> EngineRun:
+    """``run()`` with the competitor going (if any), and the CPU use around it recorded."""
+    with busy_cpu(busy_threads) as competitor:
+        meter = CpuMeter(competitor.pid if competitor else None)
+        result = run()
+        result.other_cores, result.competitor_cores = meter.stop()
+    return result
 
 
 # --- the trace, as both engines receive it ------------------------------------------------
@@ -321,17 +355,18 @@ def report(trace: Trace, request: dict, runs: list[EngineRun], busy: str, argv: 
         f"max_num_seqs {llm_args['max_num_seqs']}, max_model_len {llm_args['max_model_len']}; "
         f"{os.cpu_count()} CPUs",
         f"competing load: {busy}",
-        "load avg before: 1-minute load average as the engine started; other CPU use: cores kept "
-        "busy by processes outside this benchmark during the engine's whole run (load, warm-up, "
-        "timed generate), from /proc/stat",
+        "load avg: 1-minute load average as the engine started; others / competitor: cores kept "
+        "busy by processes outside this benchmark / by the --busy competitor, on average over "
+        "the engine's whole run (load, warm-up, timed generate)",
         "",
-        "| engine | threads | load avg before | other CPU use | load (s) | time (s) | output tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| engine | threads | load avg | others | competitor | load (s) | time (s) | output tok/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
-        other = "n/a" if r.other_cores is None else f"{r.other_cores:.2f} cores"
-        lines.append(f"| {r.engine} | {r.threads} | {r.load_average:.2f} | {other} | {r.load_s:.1f} | "
-                     f"{r.elapsed_s:.2f} | {r.output_tokens_per_s():.0f} |")
+        lines.append(
+            f"| {r.engine} | {r.threads} | {r.load_average:.2f} | {cores(r.other_cores)} | "
+            f"{cores(r.competitor_cores)} | {r.load_s:.1f} | {r.elapsed_s:.2f} | "
+            f"{r.output_tokens_per_s():.0f} |")
     ratio = ours.output_tokens_per_s() / theirs.output_tokens_per_s()
     same = count_identical(ours.outputs, theirs.outputs)
     lines += ["", f"minivllm / vLLM output throughput: {ratio:.2f}x",
@@ -342,6 +377,10 @@ def report(trace: Trace, request: dict, runs: list[EngineRun], busy: str, argv: 
             f"first difference: request {miss.index} (prompt {len(request['prompts'][miss.index])} "
             f"tokens), output token {miss.position}: minivllm {miss.ours}, vLLM {miss.theirs}")
     return "\n".join(lines)
+
+
+def cores(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -387,12 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     busy_threads = args.busy_threads if args.busy else None
     busy = (f"1 process squaring a 384x384 matrix with {busy_threads} torch threads, through "
             "each engine's whole run" if args.busy else "none started by this script")
-    meters: list[dict] = [{}, {}]
-    with busy_cpu(busy_threads), other_cpu_use(meters[0]):
-        ours = run_minivllm(request, args.threads)
-    with busy_cpu(busy_threads), other_cpu_use(meters[1]):
-        theirs = run_vllm(args.vllm_python, request, env, args.vllm_timeout)
-    ours.other_cores, theirs.other_cores = meters[0]["cores"], meters[1]["cores"]
+    ours = measured(lambda: run_minivllm(request, args.threads), busy_threads)
+    theirs = measured(lambda: run_vllm(args.vllm_python, request, env, args.vllm_timeout),
+                      busy_threads)
     for run in (ours, theirs):
         got = [len(o) for o in run.outputs]
         if got != request["max_tokens"]:

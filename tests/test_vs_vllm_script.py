@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -183,9 +184,17 @@ def test_bad_counts_are_refused_naming_the_value(flag, capsys):
     assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
 
 
-def test_busy_competitor_runs_inside_the_block_and_is_gone_after():
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="CPU accounting reads /proc")
+def test_busy_competitor_runs_inside_the_block_is_measured_and_is_gone_after():
     with vs.busy_cpu(1) as proc:
         assert proc is not None and proc.poll() is None
+        meter = vs.CpuMeter(proc.pid)
+        time.sleep(0.5)
+        others, competitor = meter.stop()
     assert proc.returncode is not None
+    # one thread can use at most one core (plus a tick of rounding); a running loop some of it
+    assert 0.0 < competitor <= 1.1
+    assert others >= 0.0
     with vs.busy_cpu(None) as nothing:
         assert nothing is None
+    assert vs.CpuMeter(None).stop()[1] is None
