@@ -69,13 +69,14 @@ NO_VLLM_PYTHON = (
     "prints: python benchmarks/vs_vllm.py --vllm-python VENV_DIR/bin/python"
 )
 
-# A competing CPU-bound process for --busy: square a matrix forever. torch is the course's
-# own dependency, so this needs nothing new; argv[1] is its thread count.
+# A competing CPU-bound process for --busy: square a matrix until stopped, or until its parent
+# is gone (so a benchmark killed mid-run leaves nothing spinning). torch is the course's own
+# dependency, so this needs nothing new; argv: its thread count, the benchmark's pid.
 BUSY_LOOP = """
-import sys, torch
+import os, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 a = torch.randn(384, 384)
-while True:
+while os.getppid() == int(sys.argv[2]):
     b = a @ a
 """
 
@@ -339,7 +340,7 @@ def busy_cpu(threads: int | None) -> Iterator[subprocess.Popen | None]:
     if threads is None:
         yield None
         return
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(threads)])
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(threads), str(os.getpid())])
     try:
         time.sleep(1.0)  # let it import torch and start multiplying before we measure
         if proc.poll() is not None:

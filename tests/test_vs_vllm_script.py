@@ -226,3 +226,33 @@ def test_report_of_several_rounds_takes_the_best_of_each_engine():
     assert (f"first difference: request 2 (prompt {prompt_len} tokens), output token {last}: "
             "minivllm 5, vLLM 6") in text
     assert "| 0.25 | — |" in text  # others measured, no competitor
+
+
+ORPHANING = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("vs_vllm", sys.argv[1])
+vs = importlib.util.module_from_spec(spec)
+sys.modules["vs_vllm"] = vs
+spec.loader.exec_module(vs)
+with vs.busy_cpu(1) as proc:
+    print(proc.pid, flush=True)
+    os._exit(0)  # killed mid-run: no finally block runs
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="looks the competitor up in /proc")
+def test_busy_competitor_stops_when_the_benchmark_dies():
+    proc = subprocess.run([sys.executable, "-c", ORPHANING, str(SCRIPT)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pid = int(proc.stdout.strip())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return  # gone
+        if state == "Z":
+            return  # exited, waiting to be reaped by init
+        time.sleep(0.2)
+    os.kill(pid, 9)
+    pytest.fail(f"the --busy competitor {pid} outlived its benchmark by 60 s")
