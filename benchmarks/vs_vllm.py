@@ -21,7 +21,7 @@ engine's whole run, to see how each engine copes with a machine it does not have
 
     python benchmarks/vs_vllm.py --vllm-python ~/.cache/minivllm/vllm-venv/bin/python
         [--num-requests 128] [--max-num-seqs 64] [--seed 0] [--threads N] [--vllm-threads N]
-        [--vllm-multiprocessing] [--busy] [--busy-threads 2] [--repeats 1] [--quick]
+        [--vllm-multiprocessing] [--busy] [--busy-threads 2] [--repeats 1] [--profile] [--quick]
 
 Without ``--vllm-python``, or when vLLM does not import with that interpreter, it says so and
 exits with status 0 (the comparison is optional; nothing else needs vLLM).
@@ -30,8 +30,10 @@ exits with status 0 (the comparison is optional; nothing else needs vLLM).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -94,6 +96,7 @@ class EngineRun:
     load_average: float  # 1-minute load average just before the engine started
     other_cores: float | None = None  # cores other processes kept busy meanwhile (CpuMeter)
     competitor_cores: float | None = None  # cores the --busy competitor got meanwhile
+    profile: str | None = None  # where the timed generate's time went (--profile)
 
     def output_tokens_per_s(self) -> float:
         return sum(len(o) for o in self.outputs) / self.elapsed_s
@@ -210,7 +213,26 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 
 # --- minivllm, in this process ------------------------------------------------------------
-def run_minivllm(request: dict, threads: int | None) -> EngineRun:
+def profile_summary(profiler: cProfile.Profile, elapsed_s: float, top: int = 8) -> str:
+    """Where minivllm's timed generate went: attention (everything under minivllm/attention,
+    counted from its outermost calls), the linear layers, and the top functions by own time."""
+    # (file, line, name) -> (primitive calls, calls, own time, cumulative time, callers)
+    stats = pstats.Stats(profiler).stats
+    attention = max((cum for (file, _, _), (_, _, _, cum, _) in stats.items()
+                     if f"minivllm{os.sep}attention{os.sep}" in file), default=0.0)
+    linear = sum(tot for (_, _, name), (_, _, tot, _, _) in stats.items()
+                 if name == "<built-in method torch._C._nn.linear>")
+    lines = [f"minivllm profile of the timed generate ({elapsed_s:.2f} s with cProfile on): "
+             f"attention {attention:.2f} s ({attention / elapsed_s:.0%}), "
+             f"linear layers {linear:.2f} s ({linear / elapsed_s:.0%}); most own time:"]
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    for (file, line, name), (_, calls, tot, _, _) in ranked:
+        where = name if file == "~" else f"{Path(file).name}:{line}({name})"
+        lines.append(f"  {tot:6.2f} s  {calls:7d} calls  {where}")
+    return "\n".join(lines)
+
+
+def run_minivllm(request: dict, threads: int | None, profile: bool = False) -> EngineRun:
     default_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -228,8 +250,13 @@ def run_minivllm(request: dict, threads: int | None) -> EngineRun:
     warmup_s = time.perf_counter() - t0
 
     params = [greedy(n) for n in request["max_tokens"]]
+    profiler = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     outs = llm.generate(prompts, params, use_tqdm=False)
+    if profiler is not None:
+        profiler.disable()
     elapsed_s = time.perf_counter() - t0
 
     used = torch.get_num_threads()
@@ -239,6 +266,7 @@ def run_minivllm(request: dict, threads: int | None) -> EngineRun:
         threads=f"{plural(used, 'torch thread')} ({how})",
         load_s=load_s, warmup_s=warmup_s, elapsed_s=elapsed_s,
         outputs=[list(o.outputs[0].token_ids) for o in outs], load_average=load_average,
+        profile=None if profiler is None else profile_summary(profiler, elapsed_s),
     )
 
 
@@ -403,6 +431,7 @@ def report(trace: Trace, request: dict, rounds: Sequence[tuple[EngineRun, Engine
                 f"{len(request['prompts'][miss.index])} tokens), output token {miss.position}: "
                 f"minivllm {miss.ours}, vLLM {miss.theirs}")
             break
+    lines += [ours.profile for ours, _ in rounds if ours.profile]
     return "\n".join(lines)
 
 
@@ -426,6 +455,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--busy-threads", type=int, default=2, help="torch threads of the competitor")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds of (minivllm, vLLM), each with fresh engines; reports the best")
+    ap.add_argument("--profile", action="store_true",
+                    help="run minivllm's timed generate under cProfile and say where time went "
+                         "(its throughput then includes the profiler's overhead)")
     ap.add_argument("--quick", action="store_true", help=f"{QUICK_REQUESTS} short requests")
     ap.add_argument("--vllm-timeout", type=float, default=3600.0, help="seconds")
     args = ap.parse_args(argv)
@@ -458,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "each engine's whole run" if args.busy else "none started by this script")
     rounds = []
     for _ in range(args.repeats):  # alternate the engines, so both meet the same noise
-        ours = measured(lambda: run_minivllm(request, args.threads), busy_threads)
+        ours = measured(lambda: run_minivllm(request, args.threads, args.profile), busy_threads)
         theirs = measured(lambda: run_vllm(args.vllm_python, request, env, args.vllm_timeout),
                           busy_threads)
         for run in (ours, theirs):

@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -112,11 +113,11 @@ def test_quick_run_through_the_driver_counts_identical_outputs_and_finds_the_dif
     fake = write_package(tmp_path, FAKE_VLLM)
     # one thread each: two engines' OpenMP pools on a 2-core CI machine would fight
     proc = run_script("--vllm-python", sys.executable, "--quick", "--threads", "1",
-                      "--vllm-threads", "1", pythonpath=fake, FAKE_VLLM_FLIP="3:1")
+                      "--vllm-threads", "1", "--profile", pythonpath=fake, FAKE_VLLM_FLIP="3:1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert out.splitlines()[0] == (f"$ python benchmarks/vs_vllm.py --vllm-python {sys.executable}"
-                                   " --quick --threads 1 --vllm-threads 1")
+                                   " --quick --threads 1 --vllm-threads 1 --profile")
     rows = [line for line in out.splitlines() if line.startswith("| 1 | ")]
     assert len(rows) == 2, out
     assert rows[0].startswith("| 1 | minivllm ")
@@ -128,6 +129,9 @@ def test_quick_run_through_the_driver_counts_identical_outputs_and_finds_the_dif
     assert "first difference: request 3 " in out and "output token 1: minivllm " in out
     ratio = float(out.split("minivllm / vLLM output throughput: ")[1].split("x")[0])
     assert ratio > 0
+    profile = out.split("minivllm profile of the timed generate (")[1]
+    assert re.search(r"attention \d+\.\d\d s \(\d+%\), linear layers \d+\.\d\d s", profile)
+    assert len(re.findall(r"^ +\d+\.\d\d s +\d+ calls +\S", profile, re.MULTILINE)) == 8
 
 
 def test_the_driver_never_imports_minivllm():
