@@ -52,6 +52,7 @@ from minivllm.model import ModelConfig
 from minivllm.workloads import LogNormalLengths, Trace, chat
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # before --threads changes it
 MAX_MODEL_LEN = 1024
 # Chat-shaped lengths (as in benchmarks/throughput.py), clipped so that prompt + output <= 800
 # fits max_model_len with room to spare.
@@ -233,9 +234,7 @@ def profile_summary(profiler: cProfile.Profile, elapsed_s: float, top: int = 8) 
 
 
 def run_minivllm(request: dict, threads: int | None, profile: bool = False) -> EngineRun:
-    default_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(TORCH_DEFAULT_THREADS if threads is None else threads)
     load_average = os.getloadavg()[0]
     args = request["llm_args"]
     t0 = time.perf_counter()
@@ -260,7 +259,8 @@ def run_minivllm(request: dict, threads: int | None, profile: bool = False) -> E
     elapsed_s = time.perf_counter() - t0
 
     used = torch.get_num_threads()
-    how = "torch default" if threads is None else f"--threads {threads}; default {default_threads}"
+    how = ("torch default" if threads is None
+           else f"--threads {threads}; default {TORCH_DEFAULT_THREADS}")
     return EngineRun(
         engine=f"minivllm {minivllm.__version__}",
         threads=f"{plural(used, 'torch thread')} ({how})",
