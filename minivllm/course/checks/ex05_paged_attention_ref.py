@@ -379,7 +379,8 @@ def _(ex):
 
 # --- the backend inside the engine ---------------------------------------------------------------------
 STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
-         "Every morning she walked to the water and looked at the fish.")
+         "Every morning she walked to the water and looked at the fish. One day she saw a big bird "
+         "on a rock by the water.")  # 48 tokens
 ENGINE_ARGS = dict(dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_blocks=8,
                    max_num_batched_tokens=32)
 MAX_TOKENS = 16
