@@ -63,7 +63,9 @@ def gather_context(
     raise NotImplementedError('ex05 gather_context: logical block j of the sequence is physical block block_table[j]; keep seq_len rows. (see notebooks/05_paged_attention_torch.ipynb)')
 
 
-def causal_mask(query_len: int, seq_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    query_len: int, seq_len: int, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Return ``[query_len, seq_len]`` bool: may new token ``j`` attend to position ``p``?
 
     The ``query_len`` new tokens are the sequence's *last* positions (the ones before them were
@@ -170,7 +172,10 @@ def check_shapes(
     if num_heads % key.shape[1]:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={key.shape[1]}")
     if sum(query_lens) != num_tokens:
-        raise ValueError(f"the metadata's query lengths add up to {sum(query_lens)} rows, the batch has {num_tokens}")
+        raise ValueError(f"the metadata's query lengths add up to {sum(query_lens)} rows, "
+                         f"the batch has {num_tokens}")
     for seq, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
         if not 0 <= query_len <= seq_len:
-            raise ValueError(f"sequence {seq}: query_len {query_len} must be in 0..seq_len ({seq_len})")
+            raise ValueError(
+                f"sequence {seq}: query_len {query_len} must be in 0..seq_len ({seq_len})"
+            )

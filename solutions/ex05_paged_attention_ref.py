@@ -72,7 +72,9 @@ def gather_context(
     # END SOLUTION
 
 
-def causal_mask(query_len: int, seq_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    query_len: int, seq_len: int, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Return ``[query_len, seq_len]`` bool: may new token ``j`` attend to position ``p``?
 
     The ``query_len`` new tokens are the sequence's *last* positions (the ones before them were
@@ -108,7 +110,8 @@ def grouped_attention(
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    q = q.unflatten(1, (num_kv_heads, group))  # [n, KVH, group, D]: head h = (h // group, h % group)
+    # [n, KVH, group, D]: query head h sits at (h // group, h % group); a view, no copy
+    q = q.unflatten(1, (num_kv_heads, group))
     scores = torch.einsum("nkgd,lkd->kgnl", q, k) * scale  # [KVH, group, n, L]
     scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: a masked key gets no weight
     probs = scores.softmax(dim=-1)
@@ -194,7 +197,10 @@ def check_shapes(
     if num_heads % key.shape[1]:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={key.shape[1]}")
     if sum(query_lens) != num_tokens:
-        raise ValueError(f"the metadata's query lengths add up to {sum(query_lens)} rows, the batch has {num_tokens}")
+        raise ValueError(f"the metadata's query lengths add up to {sum(query_lens)} rows, "
+                         f"the batch has {num_tokens}")
     for seq, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
         if not 0 <= query_len <= seq_len:
-            raise ValueError(f"sequence {seq}: query_len {query_len} must be in 0..seq_len ({seq_len})")
+            raise ValueError(
+                f"sequence {seq}: query_len {query_len} must be in 0..seq_len ({seq_len})"
+            )

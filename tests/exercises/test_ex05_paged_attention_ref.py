@@ -42,12 +42,14 @@ def steps(draw):
         new = draw(st.integers(0 if context else 1, 2 * block_size + 1))
         pad = draw(st.sampled_from([0, 0, 0, 1, 3])) if new or context else 0
         seqs.append(Seq(new=new, context=context, pad=max(pad, 0 if new else 1)))
+    group = draw(st.sampled_from([1, 3, 4]))
     return dict(seqs=seqs, block_size=block_size, num_kv_heads=num_kv_heads,
-                num_heads=num_kv_heads * draw(st.sampled_from([1, 3, 4])), head_dim=draw(st.sampled_from([8, 32])),
+                num_heads=num_kv_heads * group, head_dim=draw(st.sampled_from([8, 32])),
                 seed=draw(st.integers(0, 10_000)))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps())
 def test_random_steps_match_sdpa(ex, spec):
     seqs = spec.pop("seqs")
@@ -66,7 +68,9 @@ def engine_step(backend, cache_dtype, seed=0):
     meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, block_size, device=DEVICE)
     k_cache = torch.randn(12, block_size, kv_heads, dim, generator=gen).to(cache_dtype).to(DEVICE)
     v_cache = torch.randn(12, block_size, kv_heads, dim, generator=gen).to(cache_dtype).to(DEVICE)
-    q, k, v = (torch.randn(sum(query_lens), h, dim, generator=gen).to(DEVICE) for h in (heads, kv_heads, kv_heads))
+    num_tokens = sum(query_lens)
+    q, k, v = (torch.randn(num_tokens, h, dim, generator=gen).to(DEVICE)
+               for h in (heads, kv_heads, kv_heads))
     out = backend.forward(q, k, v, k_cache, v_cache, meta, dim**-0.5)
     return out, k_cache, v_cache
 
@@ -78,7 +82,8 @@ def test_like_minivllm_backend_on_a_cache_of_another_dtype(ex, cache_dtype):
     want = engine_step(get_attention_backend("torch"), cache_dtype)
     assert got[0].dtype == torch.float32 and got[1].dtype == cache_dtype
     for g, w, what in zip(got, want, ["output", "k_cache", "v_cache"], strict=True):
-        torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5, msg=lambda m, what=what: f"{what}: {m}")
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5,
+                                   msg=lambda m, what=what: f"{what}: {m}")
 
 
 def test_meets_the_protocol(ex):
@@ -89,7 +94,8 @@ def test_meets_the_protocol(ex):
 def test_an_empty_step(ex):
     p = make_step([Seq(new=2, context=3)])
     meta = AttentionMetadata.build([], [], [], [], 16, device=DEVICE)
-    out = ex.PagedAttentionBackend().forward(p.query[:0], p.key[:0], p.value[:0], p.k_cache, p.v_cache, meta, 0.1)
+    out = ex.PagedAttentionBackend().forward(p.query[:0], p.key[:0], p.value[:0], p.k_cache,
+                                             p.v_cache, meta, 0.1)
     assert out.shape == (0, 6, 32)
 
 
