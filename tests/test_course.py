@@ -21,7 +21,8 @@ NAMES = course.exercise_names()
 
 def test_there_are_exercises():
     assert {"ex00_kv_memory", "ex01_static_waste", "ex02_continuous", "ex03_chunked_prefill",
-            "ex04_block_allocator", "ex06_triton_kernel", "ex07_prefix_cache"} <= set(NAMES)
+            "ex04_block_allocator", "ex05_paged_attention_ref", "ex06_triton_kernel",
+            "ex07_prefix_cache"} <= set(NAMES)
 
 
 # --- exercises/ is generated from solutions/ -----------------------------------------------------
@@ -201,6 +202,33 @@ MUTANTS = [
     ("ex06_triton_kernel", "heads = kv_head * GROUP + rows", "heads = rows * tl.num_programs(1) + kv_head"),
     # the softmax scale forgotten
     ("ex06_triton_kernel", 'tl.trans(k), input_precision="ieee") * scale', 'tl.trans(k), input_precision="ieee")'),
+    # ex05: the causal mask off by one (a token does not see itself; it sees its successor)
+    ("ex05_paged_attention_ref", "return key_pos[None, :] <= query_pos[:, None]", "return key_pos[None, :] < query_pos[:, None]"),
+    ("ex05_paged_attention_ref", "return key_pos[None, :] <= query_pos[:, None]",
+     "return key_pos[None, :] <= query_pos[:, None] + 1"),
+    # ex05: new tokens placed at 0.. instead of after the cached ones (chunks, prefix hits, decodes)
+    ("ex05_paged_attention_ref", "query_pos = context_len + torch.arange(query_len, device=device)",
+     "query_pos = torch.arange(query_len, device=device)"),
+    # ex05: the logical block used as the physical one
+    ("ex05_paged_attention_ref", "blocks = cache[block_table[:num_blocks].long()]", "blocks = cache[:num_blocks]"),
+    # ex05: a partial last block dropped; the block size assumed to be 16
+    ("ex05_paged_attention_ref", "num_blocks = -(-seq_len // block_size)", "num_blocks = seq_len // block_size"),
+    ("ex05_paged_attention_ref", "block_size = cache.shape[1]\n", "block_size = 16\n"),
+    # ex05: whole blocks kept: the stale tail of the last block enters the softmax
+    ("ex05_paged_attention_ref", "return blocks.flatten(0, 1)[:seq_len]", "return blocks.flatten(0, 1)"),
+    # ex05: grouped-query heads interleaved (head h reads KV head h % KVH, as K/V tiled with .repeat would)
+    ("ex05_paged_attention_ref", "q = q.unflatten(1, (num_kv_heads, group))",
+     "q = q.unflatten(1, (group, num_kv_heads)).transpose(1, 2)"),
+    # ex05: the softmax scale forgotten, or applied twice
+    ("ex05_paged_attention_ref", 'torch.einsum("nkgd,lkd->kgnl", q, k) * scale', 'torch.einsum("nkgd,lkd->kgnl", q, k)'),
+    ("ex05_paged_attention_ref", 'torch.einsum("nkgd,lkd->kgnl", q, k) * scale',
+     'torch.einsum("nkgd,lkd->kgnl", q * scale, k) * scale'),
+    # ex05: masked keys scored 0 instead of -inf, or the mask applied after the softmax
+    ("ex05_paged_attention_ref", 'scores.masked_fill(~mask, float("-inf"))', "scores.masked_fill(~mask, 0.0)"),
+    ("ex05_paged_attention_ref", 'scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: a masked key gets no weight\n'
+     "    probs = scores.softmax(dim=-1)", "probs = scores.softmax(dim=-1) * mask"),
+    # ex05: padding rows (slot -1) stored, at the cache's last slot
+    ("ex05_paged_attention_ref", "keep = slot_mapping >= 0", "keep = torch.ones_like(slot_mapping, dtype=torch.bool)"),
     # ex04: a block boundary rounded down instead of up
     ("ex04_block_allocator", "return max(cdiv(total, self.block_size) - len(", "return max(total // self.block_size - len("),
     # ex04: the lookahead the static scheduler asks for is ignored

@@ -1,0 +1,534 @@
+"""Cases for ex05_paged_attention_ref: PagedAttention in PyTorch against SDPA, then in the engine.
+
+Every step case builds its sequences as plain contiguous K/V tensors in float64, scatters the
+cached part into a paged cache through shuffled block tables, hands the student's backend the
+step's new rows and metadata, and compares with ``torch.nn.functional.scaled_dot_product_attention``
+run on the contiguous tensors (K/V repeated per query head, as Hugging Face's ``repeat_kv`` does).
+What the checks can see:
+
+* every cache slot that no sequence owns holds NaN, and so do the slots of this step's new
+  tokens until the backend writes them: reading a slot that is not the sequence's (a logical
+  block used as a physical one, the stale tail of a last block, a new token read before it is
+  stored) turns the answer into NaN instead of an almost-right number;
+* the whole cache is compared after the step: new K/V at their slots, nothing else touched
+  (a padding row with slot -1 stored "at -1" lands in the cache's last slot);
+* padding rows (slot -1) sit on stale but finite slots, as in the engine, and their outputs are
+  not compared: the engine throws them away.
+
+The last cases serve the tiny model with the student's backend and compare its greedy tokens
+with those of minivllm's own backend: chunked prefill, a prefix-cache hit, a preemption, and
+static batching's padding rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.course.grading import Case, Mismatch, case, expect
+from minivllm.course.kv_replay import expect_same_tokens, one_cpu_thread
+
+CASES: list[Case] = []
+
+# float64 on both sides: only the summation order differs (~1e-15). Off by one key moves an
+# output by ~1/seq_len of a value; a wrong scale by far more.
+ATOL = 1e-9
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPE = torch.float64
+
+
+@dataclass(frozen=True)
+class Seq:
+    """One sequence of a step: ``new`` tokens after ``context`` cached ones, then ``pad``
+    padding rows (slot -1) whose K/V are computed and never stored."""
+
+    new: int
+    context: int = 0
+    pad: int = 0
+
+    @property
+    def query_len(self) -> int:
+        return self.new + self.pad
+
+    @property
+    def seq_len(self) -> int:
+        return self.context + self.new + self.pad
+
+
+@dataclass
+class StepProblem:
+    """The inputs of one backend call, and what must come out of it."""
+
+    seqs: list[Seq]
+    query: torch.Tensor  # [T, H, D]
+    key: torch.Tensor  # [T, KVH, D]
+    value: torch.Tensor
+    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] before the step
+    v_cache: torch.Tensor
+    meta: AttentionMetadata
+    scale: float
+    expected: torch.Tensor  # [T, H, D] on the CPU; rows of padding are NaN (not compared)
+    real_rows: torch.Tensor  # [T] bool: False for padding rows
+    expected_k_cache: torch.Tensor  # after the step, on the CPU
+    expected_v_cache: torch.Tensor
+    tables: list[list[int]]
+    keys: list[torch.Tensor] = field(repr=False)  # contiguous K of each sequence [seq_len, KVH, D]
+    values: list[torch.Tensor] = field(repr=False)
+
+
+def make_step(
+    seqs: list[Seq],
+    *,
+    num_heads: int = 6,
+    num_kv_heads: int = 2,
+    head_dim: int = 32,
+    block_size: int = 16,
+    scale: float | None = None,
+    share: dict[int, tuple[int, int]] | None = None,
+    seed: int = 0,
+) -> StepProblem:
+    """One step over a paged cache, with its answer from contiguous tensors.
+
+    ``share={b: (a, n)}``: sequence ``b`` starts with the same ``n`` full blocks as sequence
+    ``a`` -- the same tokens in the same physical blocks, as after a prefix-cache hit. Those
+    blocks must be cached context of both.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    share = share or {}
+    scale = head_dim**-0.5 if scale is None else scale
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=DTYPE)
+
+    keys, values, queries = [], [], []
+    for i, s in enumerate(seqs):
+        k, v = randn(s.seq_len, num_kv_heads, head_dim), randn(s.seq_len, num_kv_heads, head_dim)
+        if i in share:
+            a, n = share[i]
+            shared = n * block_size
+            assert shared <= min(s.context, seqs[a].context), "shared blocks must be cached context"
+            k[:shared], v[:shared] = keys[a][:shared], values[a][:shared]
+        keys.append(k)
+        values.append(v)
+        queries.append(randn(s.query_len, num_heads, head_dim))
+
+    # Physical blocks: a shuffled pool with 3 blocks nobody owns; shared prefixes reuse the owner's.
+    needed = [-(-s.seq_len // block_size) for s in seqs]
+    num_blocks = sum(needed) - sum(n for _, n in share.values()) + 3
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables: list[list[int]] = []
+    for i, n in enumerate(needed):
+        prefix = tables[share[i][0]][: share[i][1]] if i in share else []
+        tables.append(prefix + [free.pop() for _ in range(n - len(prefix))])
+
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=DTYPE)
+    v_cache = torch.full(shape, float("nan"), dtype=DTYPE)
+    k_after, v_after = k_cache.clone(), v_cache.clone()
+    slots: list[int] = []
+    for s, table, k, v in zip(seqs, tables, keys, values, strict=True):
+        for pos in range(s.seq_len):
+            block, offset = table[pos // block_size], pos % block_size
+            if pos < s.context:  # cached by earlier steps
+                for cache, after, x in ((k_cache, k_after, k), (v_cache, v_after, v)):
+                    cache[block, offset] = after[block, offset] = x[pos]
+            elif pos < s.context + s.new:  # this step's tokens: the backend must store them
+                k_after[block, offset], v_after[block, offset] = k[pos], v[pos]
+                slots.append(block * block_size + offset)
+            else:  # padding: computed, never stored; its slot holds what was there before
+                stale = randn(2, num_kv_heads, head_dim)
+                for cache, after, x in ((k_cache, k_after, stale[0]), (v_cache, v_after, stale[1])):
+                    cache[block, offset] = after[block, offset] = x
+                slots.append(-1)
+
+    step_rows = [slice(s.context, s.seq_len) for s in seqs]
+    query = torch.cat(queries)
+    key = torch.cat([k[r] for k, r in zip(keys, step_rows, strict=True)])
+    value = torch.cat([v[r] for v, r in zip(values, step_rows, strict=True)])
+    meta = AttentionMetadata.build([s.query_len for s in seqs], [s.seq_len for s in seqs], tables,
+                                   slots, block_size, device=DEVICE)
+    return StepProblem(
+        seqs=seqs, query=query.to(DEVICE), key=key.to(DEVICE), value=value.to(DEVICE),
+        k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE), meta=meta, scale=scale,
+        expected=sdpa_reference(seqs, queries, keys, values, scale),
+        real_rows=torch.tensor([j < s.new for s in seqs for j in range(s.query_len)]),
+        expected_k_cache=k_after, expected_v_cache=v_after, tables=tables, keys=keys, values=values,
+    )
+
+
+def sdpa_reference(seqs: list[Seq], queries, keys, values, scale: float) -> torch.Tensor:
+    """``scaled_dot_product_attention`` on each sequence's contiguous K/V: its new tokens over
+    positions ``0 .. context + new - 1``, causal, K/V repeated per query head (query head ``h``
+    reads KV head ``h // (H / KVH)``). Padding rows come out NaN: they are not compared."""
+    outs = []
+    for s, q, k, v in zip(seqs, queries, keys, values, strict=True):
+        out = torch.full_like(q, float("nan"))
+        if s.new:
+            n = s.context + s.new
+            group = q.shape[1] // k.shape[1]
+            k_heads = k[:n].repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
+            v_heads = v[:n].repeat_interleave(group, dim=1).transpose(0, 1)
+            # row j (position context + j) may see keys 0 .. context + j
+            allowed = torch.ones(s.new, n, dtype=torch.bool).tril(diagonal=s.context)
+            o = F.scaled_dot_product_attention(q[: s.new].transpose(0, 1), k_heads, v_heads,
+                                               attn_mask=allowed, scale=scale)
+            out[: s.new] = o.transpose(0, 1)
+        outs.append(out)
+    return torch.cat(outs)
+
+
+def _describe(problem: StepProblem, row: int) -> str:
+    """Which sequence a flat row belongs to, in words."""
+    start = 0
+    for i, (s, table) in enumerate(zip(problem.seqs, problem.tables, strict=True)):
+        if row < start + s.query_len:
+            j = row - start
+            return (f"sequence {i} ({s.new} new tokens after {s.context} cached, blocks {table}), "
+                    f"its new token {j} at position {s.context + j}")
+        start += s.query_len
+    return f"row {row}"
+
+
+def run_step(ex, problem: StepProblem):
+    """The student's backend on fresh copies of the caches: ``(output, k_cache, v_cache)``."""
+    k_cache, v_cache = problem.k_cache.clone(), problem.v_cache.clone()
+    out = ex.PagedAttentionBackend().forward(problem.query, problem.key, problem.value, k_cache,
+                                             v_cache, problem.meta, problem.scale)
+    return out, k_cache, v_cache
+
+
+def expect_step(ex, problem: StepProblem, note: str = "") -> None:
+    """Run the backend; compare the caches it leaves, then the outputs of the real rows."""
+    prefix = f"{note}: " if note else ""
+    out, k_cache, v_cache = run_step(ex, problem)
+    expect_cache(k_cache, problem.expected_k_cache, f"{prefix}k_cache")
+    expect_cache(v_cache, problem.expected_v_cache, f"{prefix}v_cache")
+    if tuple(out.shape) != tuple(problem.expected.shape):
+        raise Mismatch(tuple(problem.expected.shape), tuple(out.shape),
+                       f"{prefix}output shape [T, H, D]")
+    if out.dtype != problem.query.dtype:
+        raise Mismatch(problem.query.dtype, out.dtype, f"{prefix}output dtype (the query's)")
+    expect_close(out.detach().cpu(), problem.expected, problem, prefix)
+
+
+def expect_cache(got: torch.Tensor, want: torch.Tensor, note: str) -> None:
+    """Every slot as expected: the step's K/V at their slots, the rest untouched (NaN included)."""
+    got = got.detach().cpu()
+    same = (got == want) | (got.isnan() & want.isnan())
+    if not bool(same.all()):
+        block, offset = (int(x) for x in (~same).nonzero()[0][:2])
+        block_size = got.shape[1]
+        was = "unowned (NaN)" if bool(want[block, offset].isnan().all()) else "a token's K/V"
+        raise AssertionError(
+            f"{note}: slot {block * block_size + offset} (block {block}, offset {offset}), "
+            f"{was}, holds {got[block, offset, 0, :3].tolist()} instead of "
+            f"{want[block, offset, 0, :3].tolist()} (first 3 dims of KV head 0); "
+            "slot -1 means 'do not store'"
+        )
+
+
+def expect_close(got: torch.Tensor, want: torch.Tensor, problem: StepProblem, prefix: str) -> None:
+    real = problem.real_rows
+    got, want = got[real].double(), want[real]
+    if not len(want):
+        return
+    rows = real.nonzero().squeeze(1)
+    bad = ~torch.isfinite(got)
+    if bad.any():
+        i, head = (int(x) for x in bad.nonzero()[0][:2])
+        raise AssertionError(
+            f"{prefix}NaN/inf in the output of {_describe(problem, int(rows[i]))}, head {head}: "
+            "it read a cache slot that is not part of its sequence (such slots hold NaN here), "
+            "or a new token's slot before storing it"
+        )
+    error = (got - want).abs()
+    if error.max() > ATOL:
+        i, head = divmod(int(error.amax(dim=2).argmax()), got.shape[1])
+        raise Mismatch(
+            [round(x, 5) for x in want[i, head, :4].tolist()],
+            [round(x, 5) for x in got[i, head, :4].tolist()],
+            f"{prefix}{_describe(problem, int(rows[i]))}, query head {head}, first 4 dims; "
+            f"largest error {float(error.max()):.2e}",
+        )
+
+
+# --- the four functions, one at a time -----------------------------------------------------------
+@case(CASES, "new rows land at their slots; slot -1 rows are stored nowhere", "write_kv",
+      "slot s is row s of the cache viewed as [num_blocks * block_size, KVH, D]; and in Python, "
+      "index -1 is the last row")
+def _(ex):
+    p = make_step([Seq(new=3, context=14), Seq(new=1, context=31), Seq(new=2, pad=3)], seed=1)
+    k_cache, v_cache = p.k_cache.clone(), p.v_cache.clone()
+    ex.write_kv(p.key, p.value, k_cache, v_cache, p.meta.slot_mapping)
+    expect_cache(k_cache, p.expected_k_cache, "k_cache after write_kv")
+    expect_cache(v_cache, p.expected_v_cache, "v_cache after write_kv")
+
+
+@case(CASES, "a sequence in logical order: lengths 1, 15, 16, 17, 33 over a shuffled pool",
+      "gather_context", "logical block j lives in physical block block_table[j]; a last block is "
+      "usually partly filled")
+def _(ex):
+    p = make_step([Seq(new=0, context=n) for n in (1, 15, 16, 17, 33)], seed=2)
+    for i, (s, k, v) in enumerate(zip(p.seqs, p.keys, p.values, strict=True)):
+        for cache, want, what in ((p.k_cache, k, "K"), (p.v_cache, v, "V")):
+            got = ex.gather_context(cache, p.meta.block_tables[i], s.seq_len).detach().cpu()
+            note = f"{what} of a sequence of {s.seq_len} tokens in blocks {p.tables[i]}"
+            expect(tuple(got.shape), tuple(want.shape), f"{note}: shape [seq_len, KVH, D]")
+            wrong = (got != want).flatten(1).any(dim=1)  # [seq_len]; NaN differs from everything
+            if wrong.any():
+                pos = int(wrong.nonzero()[0])
+                raise AssertionError(f"{note}: position {pos} (logical block {pos // 16}, offset "
+                                     f"{pos % 16}) is not the sequence's token {pos}")
+
+
+@case(CASES, "decode, whole prompt, chunk after 32 cached tokens, a prefix hit of 16",
+      "causal_mask", "the new tokens are the last query_len positions of the sequence")
+def _(ex):
+    for query_len, seq_len in [(1, 1), (1, 17), (5, 5), (7, 39), (4, 20)]:
+        context = seq_len - query_len
+        # row j is the token at position context + j: it sees positions 0 .. context + j
+        want = [[p <= context + j for p in range(seq_len)] for j in range(query_len)]
+        got = ex.causal_mask(query_len, seq_len, DEVICE)
+        expect(got.dtype, torch.bool, "dtype of the mask")
+        what = f"query_len={query_len}, seq_len={seq_len}"
+        expect(tuple(got.shape), (query_len, seq_len), f"shape for {what}")
+        expect(got.cpu().tolist(), want, f"{what} (rows: new tokens)")
+
+
+@case(CASES, "grouped-query attention: 6 heads over 2 KV heads, 8 over 2, 4 over 4, 3 over 1",
+      "grouped_attention", "query head h reads KV head h // (H // KVH): heads 0..2 share KV head 0 "
+      "when H=6, KVH=2")
+def _(ex):
+    for seed, (heads, kv_heads) in enumerate([(6, 2), (8, 2), (4, 4), (3, 1)], start=3):
+        p = make_step([Seq(new=5, context=20)], num_heads=heads, num_kv_heads=kv_heads, seed=seed)
+        mask = torch.ones(5, 25, dtype=torch.bool, device=DEVICE).tril(diagonal=20)
+        k, v = p.keys[0].to(DEVICE), p.values[0].to(DEVICE)
+        got = ex.grouped_attention(p.query, k, v, mask, p.scale)
+        expect(tuple(got.shape), tuple(p.expected.shape),
+               f"{heads} heads over {kv_heads}: shape [n, H, D]")
+        expect_close(got.detach().cpu(), p.expected, p, f"{heads} heads over {kv_heads} KV heads: ")
+
+
+@case(CASES, "softmax scale 0.3 and 1.0, not the default D ** -0.5", "grouped_attention",
+      "the scores are q . k * scale, once")
+def _(ex):
+    for scale in (0.3, 1.0):
+        p = make_step([Seq(new=3, context=9)], scale=scale, seed=7)
+        mask = torch.ones(3, 12, dtype=torch.bool, device=DEVICE).tril(diagonal=9)
+        k, v = p.keys[0].to(DEVICE), p.values[0].to(DEVICE)
+        got = ex.grouped_attention(p.query, k, v, mask, scale)
+        expect_close(got.detach().cpu(), p.expected, p, f"scale {scale}: ")
+
+
+# --- the backend on whole steps -------------------------------------------------------------
+BACKEND = "PagedAttentionBackend"
+
+
+@case(CASES, "decode rows at block boundaries: contexts of 0, 14, 15, 16, 30, 31, 32, 47", BACKEND,
+      "a decode token sits at position seq_len - 1 and sees every position up to its own")
+def _(ex):
+    contexts = (0, 14, 15, 16, 30, 31, 32, 47)
+    expect_step(ex, make_step([Seq(new=1, context=c) for c in contexts], seed=8))
+
+
+@case(CASES, "whole prompts of 1, 5, 16 and 17 tokens", BACKEND,
+      "token j of a prompt sees tokens 0..j of it, never a later one")
+def _(ex):
+    expect_step(ex, make_step([Seq(new=n) for n in (1, 5, 16, 17)], seed=9))
+
+
+@case(CASES, "chunks after cached tokens: 7 after 32, 16 after 16, 5 after 27", BACKEND,
+      "new token j of a chunk sits at position (cached tokens) + j, not at j")
+def _(ex):
+    seqs = [Seq(new=7, context=32), Seq(new=16, context=16), Seq(new=5, context=27)]
+    expect_step(ex, make_step(seqs, seed=10))
+
+
+@case(CASES, "a mixed step as the engine sends it: decodes, a chunk, a prompt", BACKEND,
+      "each sequence owns rows query_start_loc[i] .. query_start_loc[i+1] - 1 of the flat batch")
+def _(ex):
+    seqs = [Seq(new=1, context=40), Seq(new=1, context=3), Seq(new=11, context=32), Seq(new=9),
+            Seq(new=1, context=15)]
+    expect_step(ex, make_step(seqs, seed=11))
+
+
+@case(CASES, "grouped-query ratios on a mixed step: 6/2, 8/2, 4/4, 4/1 heads/KV heads", BACKEND,
+      "query head h reads KV head h // (H // KVH)")
+def _(ex):
+    seqs = [Seq(new=1, context=20), Seq(new=6, context=10), Seq(new=3)]
+    for seed, (heads, kv_heads) in enumerate([(6, 2), (8, 2), (4, 4), (4, 1)], start=12):
+        expect_step(ex, make_step(seqs, num_heads=heads, num_kv_heads=kv_heads, seed=seed),
+                    f"{heads} heads over {kv_heads} KV heads")
+
+
+@case(CASES, "shared blocks: sequences read the same physical blocks (a prefix-cache hit)", BACKEND,
+      "several block tables may point at one physical block; read it, never assume it is yours")
+def _(ex):
+    seqs = [Seq(new=1, context=40), Seq(new=6, context=32), Seq(new=1, context=33)]
+    expect_step(ex, make_step(seqs, share={1: (0, 2), 2: (0, 2)}, seed=16))
+
+
+@case(CASES, "padding rows (slot -1): a padded prompt and an idle decode seat", BACKEND,
+      "a row with slot -1 is computed and thrown away: store nothing for it, and do not let it "
+      "disturb the real rows")
+def _(ex):
+    # a static batch: prompts padded to 9 tokens; a finished request's seat computed for nothing
+    seqs = [Seq(new=9), Seq(new=4, pad=5), Seq(new=0, context=12, pad=1), Seq(new=1, context=20)]
+    expect_step(ex, make_step(seqs, seed=17))
+
+
+@case(CASES, "head_dim 40, block size 8, softmax scale 0.3", BACKEND,
+      "take block_size from the cache, and multiply the scores by `scale`, once")
+def _(ex):
+    seqs = [Seq(new=1, context=23), Seq(new=9, context=8), Seq(new=4)]
+    expect_step(ex, make_step(seqs, head_dim=40, block_size=8, scale=0.3, seed=18))
+
+
+# --- the backend inside the engine ----------------------------------------------------------
+STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
+         "Every morning she walked to the water and looked at the fish. One day she saw a big bird "
+         "on a rock by the water.")  # 48 tokens
+ENGINE_ARGS = dict(dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_blocks=8,
+                   max_num_batched_tokens=32)
+MAX_TOKENS = 16
+
+
+@dataclass
+class EngineRun:
+    """What one served trace produced."""
+
+    tokens: dict[str, list[int]]
+    num_cached_tokens: dict[str, int]
+    preemptions: int
+    max_query_lens: list[int]  # per step, the longest run of new tokens of one sequence
+
+
+class Recorded:
+    """Wraps a backend: records each step's longest query (to show that the trace has chunks)
+    and the first exception the backend raised. The engine turns an exception in a step into
+    failed requests and goes on serving; the case re-raises it, so the scoreboard shows the
+    student's error rather than a token mismatch."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.max_query_lens: list[int] = []
+        self.error: Exception | None = None
+        self._meta = None
+
+    def forward(self, query, key, value, k_cache, v_cache, meta, scale):
+        if meta is not self._meta:
+            self._meta = meta
+            self.max_query_lens.append(meta.max_query_len)
+        try:
+            return self.inner.forward(query, key, value, k_cache, v_cache, meta, scale)
+        except Exception as err:
+            self.error = self.error or err
+            raise
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def serve_trace(backend=None) -> EngineRun:
+    """Four greedy requests on a pool of 8 blocks of 16 tokens, 32 tokens per step at most.
+
+    ``long`` (44 tokens) is prefilled in two chunks, 32 then 12, the second next to ``short``.
+    After three steps ``shared`` arrives with the same first 32 tokens plus its own: a
+    prefix-cache hit of two blocks, so its first step is a chunk after 32 cached tokens, in a
+    step with decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is
+    preempted and recomputed. ``backend=None``: minivllm's own backend.
+    """
+    from minivllm import LLM, SamplingParams
+
+    with one_cpu_thread():
+        extra = {} if backend is None else {"attention_backend": backend}
+        llm = LLM(debug_checks=True, **ENGINE_ARGS, **extra)
+        engine = llm.engine
+        tokenize = engine.tokenizer.encode
+        story = tokenize(STORY)
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        engine.add_request("long", story[:44], params)
+        engine.add_request("short", tokenize("The little fox"), params)
+        finished = {}
+        for _ in range(3):
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        engine.add_request("shared", story[:32] + tokenize(" and then she saw a big bird"), params)
+        engine.add_request("tom", tokenize("Tom went to the market with his mother and"), params)
+        while engine.has_unfinished_requests():
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+    lengths = backend.max_query_lens if isinstance(backend, Recorded) else []
+    return EngineRun(
+        tokens={rid: list(o.outputs[0].token_ids) for rid, o in sorted(finished.items())},
+        num_cached_tokens={rid: o.num_cached_tokens for rid, o in sorted(finished.items())},
+        preemptions=llm.stats().summary()["preemptions"],
+        max_query_lens=lengths,
+    )
+
+
+@lru_cache(maxsize=1)
+def reference_run() -> EngineRun:
+    return serve_trace(None)
+
+
+def static_tokens(backend=None) -> dict[str, list[int]]:
+    """Five prompts of different lengths in static batches of 3: padded prompts (slot -1 rows),
+    then idle seats of finished requests computed until their batch ends."""
+    from minivllm import LLM, SamplingParams
+
+    prompts = ["Once upon a time", "The little fox went to the river to drink", "Tom smiled",
+               "A small bird sat on a branch and sang a song", "Mia had a red ball"]
+    with one_cpu_thread():
+        extra = {} if backend is None else {"attention_backend": backend}
+        llm = LLM(scheduler="static", dtype="float32", max_model_len=128, max_num_seqs=3,
+                  num_kv_blocks=32, debug_checks=True, **extra)
+        params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True)
+                  for i in range(len(prompts))]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    return {o.request_id: list(o.outputs[0].token_ids) for o in outs}
+
+
+@lru_cache(maxsize=1)
+def reference_static_tokens() -> dict[str, list[int]]:
+    return static_tokens(None)
+
+
+@case(CASES, "serves the tiny model (chunks, a prefix hit, a preemption): minivllm's tokens",
+      BACKEND, "pass the step cases above first; this runs your backend in every layer and step")
+def _(ex):
+    from minivllm.attention import AttentionBackend
+
+    backend = ex.PagedAttentionBackend()
+    if not isinstance(backend, AttentionBackend):
+        raise AssertionError("PagedAttentionBackend needs a `name` and a `forward(...)` "
+                             "(the AttentionBackend protocol)")
+    # a quick probe first, so that a wrong backend fails here in a moment, not after a whole trace
+    probe = make_step([Seq(new=1, context=20), Seq(new=7, context=16)], seed=19)
+    expect_step(ex, probe, "probe before serving")
+    want = reference_run()
+    if want.preemptions == 0 or want.num_cached_tokens["shared"] < 32:
+        # minivllm's scheduling changed under this trace: it must be rebuilt
+        raise AssertionError(f"the trace lost its preemption or its prefix hit: {want}")
+    recorder = Recorded(backend)
+    got = serve_trace(recorder)
+    recorder.reraise()
+    if max(recorder.max_query_lens) != 32 or got.num_cached_tokens["shared"] < 32:
+        raise AssertionError("the trace no longer has a 32-token chunk and a prefix hit")
+    expect_same_tokens(want.tokens, got.tokens,
+                       "chunked prefill, a prefix hit and a preemption on 8 blocks")
+
+
+@case(CASES, "serves the tiny model, static batching: padding rows, idle seats (slot -1)", BACKEND,
+      "rows with slot -1 must not be stored: in Python, index -1 is the cache's last slot")
+def _(ex):
+    probe = make_step([Seq(new=2, pad=3), Seq(new=0, context=5, pad=1)], seed=20)
+    expect_step(ex, probe, "probe before serving")
+    recorder = Recorded(ex.PagedAttentionBackend())
+    got = static_tokens(recorder)
+    recorder.reraise()
+    expect_same_tokens(reference_static_tokens(), got,
+                       "static batches of 3, prompts padded to the longest")
