@@ -58,10 +58,38 @@ def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig, device: torch.devi
     return _DTYPES[dtype]
 
 
+# checkpoint projection -> (our stacked parameter, which of its row slices)
+_STACKED = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+def _stacked_rows(model: LlamaFamilyModel, stacked: str, shard: int) -> slice:
+    """Rows of a stacked projection that hold checkpoint shard ``shard``."""
+    cfg = model.config
+    if stacked == "gate_up_proj":
+        sizes = [cfg.intermediate_size] * 2
+    else:
+        sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+    start = sum(sizes[:shard])
+    return slice(start, start + sizes[shard])
+
+
+def checkpoint_target(model: LlamaFamilyModel, name: str) -> tuple[str, slice | None]:
+    """Our parameter for checkpoint tensor ``name``, and the rows it fills (``None``: all)."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in _STACKED:
+        stacked, shard = _STACKED[parts[-2]]
+        return ".".join([*parts[:-2], stacked, parts[-1]]), _stacked_rows(model, stacked, shard)
+    return name, None
+
+
 def load_weights(model: LlamaFamilyModel, path: Path) -> None:
-    """Copy every tensor of ``*.safetensors`` into the parameter of the same name."""
+    """Copy every tensor of ``*.safetensors`` into the parameter (or rows of the stacked
+    parameter) it belongs to; every parameter row must be filled exactly once."""
     params = dict(model.named_parameters())
-    seen: set[str] = set()
+    filled: dict[str, int] = {}  # parameter -> rows filled so far
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {path}")
@@ -70,24 +98,27 @@ def load_weights(model: LlamaFamilyModel, path: Path) -> None:
             for name in f.keys():
                 if name.endswith("rotary_emb.inv_freq"):
                     continue  # some old checkpoints store this buffer; we recompute it
-                if name not in params:
+                target, rows = checkpoint_target(model, name)
+                if target not in params:
                     if name == "lm_head.weight" and model.config.tie_word_embeddings:
                         continue
                     raise KeyError(f"checkpoint tensor {name!r} has no matching parameter")
+                param = params[target]
+                dest = param if rows is None else param[rows]
                 tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != tuple(params[name].shape):
+                if tuple(tensor.shape) != tuple(dest.shape):
                     raise ValueError(
                         f"checkpoint tensor {name!r} in {file.name} has shape {tuple(tensor.shape)} "
-                        f"but the model built from config.json expects {tuple(params[name].shape)}"
+                        f"but the model built from config.json expects {tuple(dest.shape)}"
                     )
                 with torch.no_grad():
-                    params[name].copy_(tensor)
-                seen.add(name)
-    missing = set(params) - seen
-    if model.config.tie_word_embeddings:
-        missing.discard("lm_head.weight")
+                    dest.copy_(tensor)
+                filled[target] = filled.get(target, 0) + dest.shape[0]
+    missing = [n for n, p in params.items() if filled.get(n, 0) != p.shape[0]]
+    if model.config.tie_word_embeddings and "lm_head.weight" in missing:
+        missing.remove("lm_head.weight")
     if missing:
-        raise KeyError(f"checkpoint has no tensor for: {sorted(missing)[:5]}")
+        raise KeyError(f"checkpoint has no tensor (or not every part) for: {sorted(missing)[:5]}")
 
 
 def load_model(
