@@ -161,17 +161,61 @@ MUTANTS = [
     ("ex00_kv_memory", "return 2 * layers * kv_heads", "return layers * kv_heads"),
     ("ex00_kv_memory", "if slope <= 0:", "if slope < 0:"),
     ("ex00_kv_memory", "-(-num_tokens // block_size) * block_size", "num_tokens // block_size * block_size"),
-    ("ex01_static_waste", "max(output_lens, default=0)", "max(output_lens)"),
-    ("ex01_static_waste", "(batch_size * steps)", "(min(batch_size, len(output_lens)) * steps)"),
-    ("ex01_static_waste", "if min(prompt_lens) < 1:", "if min(prompt_lens) < 0:"),
-    ("ex02_continuous", "if seq.prompt_len > budget:", "if seq.prompt_len >= budget:"),
-    ("ex02_continuous", "for seq in self.running:\n            if budget == 0:", "for seq in reversed(self.running):\n            if budget == 0:"),
-    ("ex02_continuous", "if seq.prompt_len > budget:\n                break", "if seq.prompt_len > budget:\n                self.waiting.rotate(-1)\n                break"),
-    ("ex02_continuous", "s.num_output >= s.max_tokens]", "s.num_output > s.max_tokens]"),
-    ("ex03_chunked_prefill", "seats = len(running)", "seats = 0"),
-    ("ex03_chunked_prefill", "cap = chunk_size if chunk_size is not None else token_budget", "cap = token_budget"),
-    ("ex03_chunked_prefill", "return [chunk_size] * full + ([rest] if rest else [])", "return [chunk_size] * full + [rest]"),
+    # every query head counted as if it had its own K and V (GQA ignored)
+    ("ex00_kv_memory", "return 2 * layers * kv_heads", "return 2 * layers * heads"),
+    # a multiply-add counted as one FLOP
+    ("ex00_kv_memory", "flops = 2 * num_params * batch_size", "flops = num_params * batch_size"),
+    # reaching the ridge exactly not counted as compute-bound
+    ("ex00_kv_memory", "while decode_intensity(batch, num_params, weight_bytes, kv_bytes_per_seq) < ridge:",
+     "while decode_intensity(batch, num_params, weight_bytes, kv_bytes_per_seq) <= ridge:"),
+    # ex01: one step too many per batch (the prefill's first token forgotten)
+    ("ex01_static_waste", "acc.num_steps += longest_out", "acc.num_steps += longest_out + 1"),
+    # the prefill's token counted again in decode
+    ("ex01_static_waste", "acc.decode_rows += sum(n - 1 for n in outs)", "acc.decode_rows += sum(outs)"),
+    # every prompt padded to the longest of the whole trace
+    ("ex01_static_waste", "longest_prompt, longest_out = max(prompts), max(outs)",
+     "longest_prompt, longest_out = max(prompt_lens), max(outs)"),
+    # the empty seats of a partial last batch counted as padding / idle rows
+    ("ex01_static_waste", "len(prompts) * longest_prompt", "batch_size * longest_prompt"),
+    ("ex01_static_waste", "acc.idle_rows += sum(longest_out - n for n in outs)",
+     "acc.idle_rows += batch_size * longest_out - sum(outs)"),
+    # the straggler's wait forgotten
+    ("ex01_static_waste", "acc.idle_rows += sum(longest_out - n for n in outs)", "acc.idle_rows += 0"),
+    # no check that the two lists match
+    ("ex01_static_waste", "if len(prompt_lens) != len(output_lens):", "if False:"),
+    ("ex01_static_waste", "if output_lens and min(output_lens) < 1:", "if False:"),
+    # ex02: a prompt that exactly fills the budget refused
+    ("ex02_continuous", "if req.num_tokens > budget:", "if req.num_tokens >= budget:"),
+    # the newest running request decoded first
+    ("ex02_continuous", "for req in self.running:  # decode", "for req in reversed(self.running):  # decode"),
+    # a smaller prompt overtakes the head of the queue
+    ("ex02_continuous", "if req.num_tokens > budget:\n                break",
+     "if req.num_tokens > budget:\n                self.waiting.rotate(-1)\n                break"),
+    # one seat too many
+    ("ex02_continuous", "len(self.running) < self.config.max_num_seqs", "len(self.running) <= self.config.max_num_seqs"),
+    # a finished request keeps its KV blocks
+    ("ex02_continuous", "self.kv.free(req)", "pass"),
+    # a finished request stays in self.requests
+    ("ex02_continuous", "del self.requests[req.request_id]", "pass"),
+    # an admitted request never marked RUNNING
+    ("ex02_continuous", "req.status = RequestStatus.RUNNING", "pass"),
+    # ex03: a request still prefilling gets one token per step, as if it were decoding
+    ("ex03_chunked_prefill", "num_new = min(req.num_tokens - req.num_computed_tokens, budget)", "num_new = 1"),
+    # admission still wants the whole prompt
+    ("ex03_chunked_prefill", "num_new = min(req.num_tokens, budget)", "num_new = req.num_tokens"),
+    # the oldest running request preempted instead of the newest
+    ("ex03_chunked_prefill", "victim = self.running[-1]", "victim = self.running[0]"),
+    # admissions continue in a step that preempted
+    ("ex03_chunked_prefill", "if out.preempted:\n            return out", "if False:\n            return out"),
+    # a request that preempted itself keeps trying
+    ("ex03_chunked_prefill", "if victim is req:\n                    break", "if victim is req:\n                    pass"),
+    # a request preempted earlier in the step scheduled anyway
+    ("ex03_chunked_prefill", "if req.status is not RequestStatus.RUNNING:\n                continue",
+     "if False:\n                continue"),
+    # steps_to_first_token ignoring the decodes (passed every case before (1000, 100, 50) -> 20)
+    ("ex03_chunked_prefill", "per_step = token_budget - num_decoding", "per_step = token_budget"),
     ("ex03_chunked_prefill", "if per_step <= 0:", "if per_step < 0:"),
+    ("ex03_chunked_prefill", "return -(-prompt_len // per_step)", "return prompt_len // per_step"),
     # ex10: the roofline's plausible slips, one per mutant
     ("ex10_costs", "kv_read = batch_size * (context_len + 1) * kv", "kv_read = 0"),  # KV reads forgotten
     ("ex10_costs", "kv_written = batch_size * kv", "kv_written = 0"),  # KV writes forgotten
@@ -218,19 +262,20 @@ def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
 def test_check_prints_a_scoreboard_and_raises(tmp_path, capsys):
     text = (ROOT / "solutions" / "ex01_static_waste.py").read_text()
     path = tmp_path / "ex01_static_waste.py"
-    path.write_text(text.replace("return sum(longest - n for n in output_lens)", "return 0"))
+    path.write_text(text.replace("acc.idle_rows += sum(longest_out - n for n in outs)", "acc.idle_rows += 0"))
     wrong = load_path(path, "ex01_static_waste", "exercises")
     with pytest.raises(course.CheckFailed, match="ex01_static_waste"):
         course.check(wrong)
     out = capsys.readouterr().out
-    assert "✗ fail  idle_slot_steps" in out and "expected 207900, got 0" in out and "hint:" in out
-    assert "✓ pass  padded_prefill_fraction" in out
+    assert "✗ fail  account_static · the chapter's batch" in out and "'idle_rows': 207900" in out
+    assert "hint:" in out
+    assert "✓ pass  account_static · an empty trace" in out
 
 
 def test_check_passes_quietly_on_the_reference(capsys):
     report = course.check(course.load("ex03", solutions=True))
     assert report.passed
-    assert "all 16 checks of ex03_chunked_prefill passed" in capsys.readouterr().out
+    assert f"all {len(course.cases_for('ex03_chunked_prefill'))} checks of ex03_chunked_prefill passed" in capsys.readouterr().out
 
 
 def test_cli_grade_and_make_exercises(capsys):

@@ -94,3 +94,23 @@ def load_path(path: Path, name: str, source: str) -> ModuleType:
     module.__exercise__ = name
     module.__course_source__ = source
     return module
+
+
+def load_earlier(name: str, importer: str | Path) -> ModuleType:
+    """The earlier exercise ``name`` that the exercise file ``importer`` builds on.
+
+    From ``exercises/`` it is the student's own file next to it (exercise 03 extends *your*
+    exercise-02 scheduler); from anywhere else (``solutions/``, or a generated stub being
+    tested) it is the reference solution.
+    """
+    path = Path(importer).resolve()
+    root = path.parent.parent
+    own_exercise = path.parent.name == "exercises" and (root / "solutions").is_dir()
+    try:
+        if own_exercise:
+            return load(name, solutions=False, root=root)
+        return load(name, solutions=True, root=root if (root / "solutions").is_dir() else None)
+    except Exception as err:  # noqa: BLE001 - say which file is the problem
+        raise ImportError(
+            f"{path.name} builds on {name}, which does not import: {type(err).__name__}: {err}"
+        ) from err
