@@ -4,11 +4,21 @@ Triton reads ``TRITON_INTERPRET`` when a ``@triton.jit`` function is *defined*, 
 launched. So this module must run before any kernel module is imported; ``minivllm/__init__.py``
 imports it first. On a machine without a CUDA device we switch on the interpreter, which runs
 kernels on the CPU with NumPy: slow, but exact enough to learn from and to test against.
+
+Triton's own library (``tl.zeros``, ``tl.sum``, ``tl.max``, ``tl.cdiv``, ...) is made of
+``@triton.jit`` functions too, defined when ``triton`` is first imported. If something imported
+Triton before us (``import triton``, ``import torch._inductor``, a ``transformers`` ``generate``
+call), those were defined for a GPU, and an interpreted kernel that calls one fails with
+``Cannot call @triton.jit'd outside of the scope of a kernel``. :func:`configure_triton` then
+rebuilds them as interpreted functions, which is what Triton would have built had the flag been
+set in time; :func:`check_interpreter_ready` says clearly what to do if that is not enough.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 import warnings
 
 
@@ -36,6 +46,8 @@ def configure_triton() -> str:
                 "can be compiled but not launched here (unset it to use the interpreter)",
                 stacklevel=2,
             )
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        reinterpret_triton_library()
     return triton_mode()
 
 
@@ -46,6 +58,86 @@ def triton_mode() -> str:
     except ImportError:
         return "unavailable"
     return "interpreted" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+
+
+def _triton_namespaces() -> list[object]:
+    """Every loaded ``triton.*`` module, and the classes defined in them (``tl.tensor`` carries
+    library functions as methods, e.g. ``x.sum()``)."""
+    namespaces: list[object] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton" or name.startswith("triton.")):
+            continue
+        namespaces.append(module)
+        for value in list(vars(module).values()):
+            if inspect.isclass(value) and getattr(value, "__module__", "").startswith("triton"):
+                namespaces.append(value)
+    return namespaces
+
+
+def reinterpret_triton_library() -> int:
+    """Rebuild Triton's library ``@jit`` functions that were defined compiled as interpreted ones.
+
+    Needed only when ``triton`` was imported before ``TRITON_INTERPRET`` was set. Every module or
+    class attribute that refers to such a function is pointed at its rebuilt twin (one twin per
+    function, so aliases such as ``tl.max`` and ``tl.standard.max`` stay the same object).
+    Returns how many functions were rebuilt (0 in the usual import order).
+    """
+    if "triton" not in sys.modules:
+        return 0
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    rebuilt: dict[int, InterpretedFunction] = {}
+    for namespace in _triton_namespaces():
+        for key, value in list(vars(namespace).items()):
+            if type(value) is not JITFunction:
+                continue
+            twin = rebuilt.get(id(value))
+            if twin is None:
+                # the keywords @triton.jit passes when the flag is on
+                twin = InterpretedFunction(
+                    value.fn, version=value.version, do_not_specialize=value.do_not_specialize,
+                    do_not_specialize_on_alignment=value.do_not_specialize_on_alignment,
+                    debug=value.debug, noinline=value.noinline, repr=getattr(value, "_repr", None),
+                    launch_metadata=value.launch_metadata,
+                )
+                rebuilt[id(value)] = twin
+            setattr(namespace, key, twin)
+    return len(rebuilt)
+
+
+def check_interpreter_ready() -> None:
+    """Raise a clear error if interpreted kernels would call compiled Triton functions.
+
+    With ``TRITON_INTERPRET=1`` every ``@triton.jit`` function that our kernels reach (Triton's
+    library and our own kernels) must be an interpreted one. Called when a Triton backend is
+    created, so a broken setup fails at ``LLM(attention_backend="triton")``, not mid-step.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from minivllm.attention import triton_cache, triton_decode, triton_prefill
+
+    functions = {
+        "triton.language.zeros": tl.zeros,
+        "triton.language.sum": tl.sum,
+        "triton.language.max": tl.max,
+        "_reshape_and_cache_kernel": triton_cache._reshape_and_cache_kernel,
+        "_paged_decode_kernel": triton_decode._paged_decode_kernel,
+        "online_softmax_step": triton_decode.online_softmax_step,
+        "_paged_prefill_kernel": triton_prefill._paged_prefill_kernel,
+    }
+    compiled = [name for name, fn in functions.items() if not isinstance(fn, InterpretedFunction)]
+    if compiled:
+        raise RuntimeError(
+            f"TRITON_INTERPRET=1, but {compiled} were defined as compiled GPU functions: Triton "
+            "read the flag before it was set (it is read when a @triton.jit function is defined, "
+            "e.g. when `import triton`, `import torch._inductor` or a transformers `generate` call "
+            "ran before `import minivllm`). Fix: `import minivllm` first, or start Python with "
+            "TRITON_INTERPRET=1 in the environment."
+        )
 
 
 TRITON_MODE = configure_triton()

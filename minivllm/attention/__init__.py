@@ -7,6 +7,14 @@ Every backend has one method::
 
 which writes the new K/V rows into the cache through ``meta.slot_mapping`` and then computes
 causal attention of the new tokens over everything cached for their sequence.
+
+=================  ==================================================================
+``"torch"``        plain PyTorch, decode rows batched, prefill rows one sequence each
+                   (``torch_ref.py``): the CPU default
+``"torch_padded"`` plain PyTorch over one padded ``[seqs, max_query, max_context]``
+                   rectangle (``torch_padded.py``): the teaching baseline
+``"triton"``       the PagedAttention kernels (``triton_*.py``): the CUDA default
+=================  ==================================================================
 """
 
 from __future__ import annotations
@@ -15,23 +23,32 @@ from __future__ import annotations
 # or interpreted Triton (see minivllm/_triton_env.py).
 import minivllm._triton_env  # noqa: F401, I001
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_padded import PaddedTorchAttentionBackend
 from minivllm.attention.torch_ref import TorchAttentionBackend
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "torch_padded", "triton")
 
 
 def get_attention_backend(name: str = "auto", device: str = "cpu"):
-    """Return a backend instance. ``auto``: compiled Triton on CUDA, the PyTorch reference on CPU
-    (the Triton interpreter is for learning and testing, not for speed)."""
+    """Return a backend instance. ``auto``: compiled Triton on CUDA, the ragged PyTorch backend
+    on CPU (the Triton interpreter is for learning and testing, not for speed)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend={name!r} is not one of {ATTENTION_BACKENDS}")
     if name == "auto":
         name = "triton" if str(device).startswith("cuda") else "torch"
     if name == "torch":
         return TorchAttentionBackend()
+    if name == "torch_padded":
+        return PaddedTorchAttentionBackend()
     from minivllm.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()
 
 
-__all__ = ["AttentionMetadata", "TorchAttentionBackend", "get_attention_backend", "ATTENTION_BACKENDS"]
+__all__ = [
+    "AttentionMetadata",
+    "TorchAttentionBackend",
+    "PaddedTorchAttentionBackend",
+    "get_attention_backend",
+    "ATTENTION_BACKENDS",
+]

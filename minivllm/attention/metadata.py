@@ -12,6 +12,10 @@ a prompt chunk, or one decode token). Nothing is padded. For sequence ``i``:
 
 The new tokens of a sequence occupy its last ``query_len`` positions, so new token ``j``
 (0-based) sits at position ``seq_len - query_len + j`` and attends to positions ``<=`` that.
+
+The lengths also travel as plain Python lists (``query_lens_cpu``, ``seq_lens_cpu``): a backend
+that plans its work per sequence (which rows are decodes, how long each context is) reads them
+on the host, instead of copying ``seq_lens`` back from the GPU, which would stall the device.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ class AttentionMetadata:
     block_size: int
     # per-step values a backend derives once and reuses in every layer (e.g. masks)
     backend_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # Host-side copies (plain lists) of the per-sequence lengths; None when the metadata was
+    # made from tensors only (a backend then reads them back once per step).
+    query_lens_cpu: list[int] | None = None  # [num_seqs] new tokens per sequence
+    seq_lens_cpu: list[int] | None = None  # [num_seqs] same values as seq_lens
+    num_skipped_slots: int | None = None  # how many slot_mapping entries are -1 (padding)
 
     @property
     def num_seqs(self) -> int:
@@ -51,7 +60,8 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
     ) -> AttentionMetadata:
-        """Build the tensors from plain lists (what the model runner has in hand)."""
+        """Build the tensors from plain lists (what the model runner has in hand); the length
+        lists are kept as they are for backends that plan on the host."""
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise ValueError(
                 f"query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and block_tables "
@@ -76,4 +86,7 @@ class AttentionMetadata:
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
             block_size=block_size,
+            query_lens_cpu=list(query_lens),
+            seq_lens_cpu=list(seq_lens),
+            num_skipped_slots=sum(1 for slot in slot_mapping if slot < 0),
         )

@@ -1,122 +1,240 @@
-"""PagedAttention in plain PyTorch: gather each sequence's K/V through its block table.
+"""PagedAttention in plain PyTorch with no padding across sequences: the ``"torch"`` backend.
 
-This is the reference every faster backend is tested against, and the version the course
-builds first (notebook 05). It does exactly what the Triton kernels do, in the most readable
-way: write the new K/V rows into the paged cache, gather every sequence's blocks into a padded
-``[num_seqs, max_seq_len, num_kv_heads, head_dim]`` tensor, and run masked softmax attention.
-The gather costs memory traffic and padding that a real kernel avoids; it is vectorised so that
-it stays usable as the CPU default.
+A step's flat batch mixes two kinds of rows that want different shapes of work:
+
+* **decode rows** (one new token): all of them at once. Each gathers its blocks up to the
+  longest *decode* context of the step (a prompt in the same step does not stretch them), and
+  the query heads that share a KV head become the rows of one small attention per
+  (sequence, KV head), ``[group, keys]``, so K/V are never repeated per query head;
+* **prefill rows** (a prompt, a prompt chunk, a chunk after a prefix-cache hit): one sequence
+  at a time, causal attention of its ``q`` new tokens over its ``c`` cached positions and
+  itself, ``[q, c + q]`` per head.
+
+So a step costs what its tokens cost: a 1,000-token prompt next to 63 decodes costs the prompt
+plus the decodes, not 64 padded prompts (``torch_padded.py`` is that padded version, kept as a
+baseline). Which rows are which, and every index tensor and mask, is worked out once per step
+from the host-side lengths in :class:`AttentionMetadata` and reused by every layer; no layer
+reads a value back from the device.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.cache_ops import gather_blocks, store_kv
 from minivllm.attention.metadata import AttentionMetadata
 
 
-def write_kv_to_cache(
-    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
-) -> None:
-    """Store each token's K/V at its slot (``block * block_size + offset``)."""
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    num_blocks, block_size = k_cache.shape[:2]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slot_mapping] = key.to(k_cache.dtype)
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slot_mapping] = value.to(v_cache.dtype)
+@dataclass
+class DecodeRows:
+    """Every sequence of the step with exactly one new token, batched together."""
+
+    token_rows: torch.Tensor | None  # [num_decodes] int64 rows of the flat batch; None: all rows
+    block_tables: torch.Tensor  # [num_decodes, nb] int64 blocks up to the longest decode context
+    key_bias: torch.Tensor  # [num_decodes, 1, 1, nb * block_size]: 0 where position < seq_len, else -inf
 
 
-def gather_kv(
-    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
-    max_seq_len: int,
-) -> torch.Tensor:
-    """Return ``[num_seqs, max_seq_len, num_kv_heads, head_dim]``: every sequence's logical
-    positions 0..max_seq_len-1, read through its block table (positions past a sequence's
-    length hold whatever its table's unused entries point at and must be masked)."""
-    block_size = cache.shape[1]
-    num_logical = (max_seq_len + block_size - 1) // block_size
-    blocks = cache[block_tables[:, :num_logical].long()]  # [S, nb, bs, KVH, D]
-    s, nb, bs, h, d = blocks.shape
-    return blocks.reshape(s, nb * bs, h, d)[:, :max_seq_len]
+@dataclass
+class PrefillRows:
+    """One sequence with more than one new token: rows ``start:stop`` of the flat batch."""
+
+    start: int
+    stop: int
+    context_len: int  # positions already cached before this step
+    context_blocks: torch.Tensor | None  # [ceil(context_len / block_size)] int64; None: no context
+    causal_bias: torch.Tensor | None  # [q, context_len + q]: 0 where it may attend, else -inf; None: is_causal
 
 
-def _step_layout(meta: AttentionMetadata, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-step index tensors and the additive attention bias, shared by every layer.
+@dataclass
+class RaggedStepPlan:
+    """What every layer of one step needs, derived once (see :func:`plan_step`)."""
 
-    Returns ``seq_of_token [T]``, ``row_in_seq [T]`` (where each flat token sits in the padded
-    ``[S, max_q]`` layout) and ``bias [S, 1, 1, max_q, max_k]`` (0 where a query may attend,
-    -inf elsewhere).
-    """
-    cached = meta.backend_cache.get("torch_ref")
+    decode: DecodeRows | None
+    prefills: list[PrefillRows]
+    kept_rows: torch.Tensor | None  # [num_kept] rows whose slot is not -1; None: every row
+    kept_slots: torch.Tensor  # [num_kept] their slots
+
+
+def host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
+    """``(query_lens, seq_lens)`` as Python lists: the host copies when the metadata has them,
+    else read back from the tensors (once per step, since the plan is cached)."""
+    if meta.query_lens_cpu is not None and meta.seq_lens_cpu is not None:
+        return meta.query_lens_cpu, meta.seq_lens_cpu
+    starts = meta.query_start_loc.tolist()
+    return [b - a for a, b in zip(starts, starts[1:])], meta.seq_lens.tolist()
+
+
+def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype) -> RaggedStepPlan:
+    """Sort the step's sequences into decode rows and prefill rows; build their index tensors
+    on ``device`` and their masks as additive biases in ``dtype`` (what SDPA would otherwise
+    rebuild from a boolean mask in every layer). Cached in ``meta.backend_cache``: every layer
+    reuses it."""
+    cached = meta.backend_cache.get("torch_ragged")
     if cached is not None:
         return cached
-    num_seqs, max_q, max_k = meta.num_seqs, meta.max_query_len, meta.max_seq_len
-    starts = meta.query_start_loc.long()
-    query_lens = starts[1:] - starts[:-1]  # [S]
-    seq_lens = meta.seq_lens.long()
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
-    row_in_seq = torch.arange(int(starts[-1]), device=device) - starts[seq_of_token]
-    # Query row j of sequence s sits at absolute position context_len + j; it may see keys at
-    # positions <= its own (causal) that exist (< seq_len). Slots past a sequence's length
-    # hold stale data from whoever used the block before; they get zero weight (the engine's
-    # caches start zeroed, so stale values are finite and 0 * value is 0).
-    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=device)[None, :]
-    k_pos = torch.arange(max_k, device=device)
-    allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < seq_lens[:, None, None])
-    allowed[:, :, 0] = True  # padding query rows would see no key at all -> NaN; give them key 0
-    bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
-    layout = (seq_of_token, row_in_seq, bias[:, None, None])
-    meta.backend_cache["torch_ref"] = layout
-    return layout
+    query_lens, seq_lens = host_lengths(meta)
+    num_tokens = int(meta.slot_mapping.shape[0])
+    decode_seqs: list[int] = []
+    decode_token_rows: list[int] = []
+    prefills: list[PrefillRows] = []
+    row = 0
+    for seq, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        context_len = seq_len - query_len
+        if context_len < 0:
+            raise ValueError(f"sequence {seq}: query_len {query_len} > seq_len {seq_len}")
+        if query_len == 1:
+            decode_seqs.append(seq)
+            decode_token_rows.append(row)
+        elif query_len > 1:
+            prefills.append(_prefill_rows(meta, seq, row, query_len, context_len, device, dtype))
+        row += query_len
+    if row != num_tokens:
+        raise ValueError(f"query lengths add up to {row} tokens but slot_mapping has {num_tokens}")
+    decode = None
+    if decode_seqs:
+        decode = _decode_rows(meta, decode_seqs, decode_token_rows, seq_lens, device, dtype)
+    kept_rows, kept_slots = _kept_rows(meta)
+    plan = RaggedStepPlan(decode, prefills, kept_rows, kept_slots)
+    meta.backend_cache["torch_ragged"] = plan
+    return plan
 
 
-def paged_attention_reference(
-    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+def _decode_rows(
     meta: AttentionMetadata,
+    seqs: list[int],
+    token_rows: list[int],
+    seq_lens: list[int],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> DecodeRows:
+    lens = [seq_lens[s] for s in seqs]
+    num_blocks = -(-max(lens) // meta.block_size)
+    if len(seqs) == len(seq_lens) == meta.slot_mapping.shape[0]:  # decode only: sequence i is row i
+        rows, tables = None, meta.block_tables[:, :num_blocks]
+    else:
+        rows = torch.tensor(token_rows, dtype=torch.long, device=device)
+        tables = meta.block_tables[torch.tensor(seqs, device=meta.block_tables.device), :num_blocks]
+    positions = torch.arange(num_blocks * meta.block_size, device=device)
+    lens_t = torch.tensor(lens, device=device)
+    key_bias = additive_bias(positions[None, :] < lens_t[:, None], dtype)[:, None, None, :]
+    return DecodeRows(rows, tables.long().contiguous(), key_bias)
+
+
+def _prefill_rows(
+    meta: AttentionMetadata,
+    seq: int,
+    start: int,
+    query_len: int,
+    context_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> PrefillRows:
+    if context_len == 0:  # a whole prompt: plain causal attention among the new tokens
+        return PrefillRows(start, start + query_len, 0, None, None)
+    blocks = meta.block_tables[seq, : -(-context_len // meta.block_size)].long()
+    # new token j sits at position context_len + j and sees keys at positions <= that
+    query_pos = context_len + torch.arange(query_len, device=device)
+    key_pos = torch.arange(context_len + query_len, device=device)
+    bias = additive_bias(key_pos[None, :] <= query_pos[:, None], dtype)
+    return PrefillRows(start, start + query_len, context_len, blocks, bias)
+
+
+def additive_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``allowed``, -inf elsewhere, in ``dtype``: added to the scores before softmax."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def _kept_rows(meta: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Rows to store in the cache: all of them unless some slots are -1 (static batching's
+    padding). Knowing the count on the host spares every layer a device read-back."""
+    slots = meta.slot_mapping
+    if meta.num_skipped_slots == 0:
+        return None, slots
+    kept = (slots >= 0).nonzero().squeeze(1)
+    if meta.num_skipped_slots is None and kept.shape[0] == slots.shape[0]:
+        return None, slots
+    return kept, slots[kept]
+
+
+def decode_attention(
+    query: torch.Tensor,  # [num_decodes, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    rows: DecodeRows,
     scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new tokens over its cached context + itself.
+    """One query token per sequence over its cached context (its own K/V already written).
 
-    Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
+    The ``group = num_heads / num_kv_heads`` query heads that read one KV head are viewed as
+    ``group`` query rows of that head: ``[num_decodes, KVH, group, D]`` against keys
+    ``[num_decodes, KVH, L, D]``. Returns ``[num_decodes, num_heads, head_dim]``.
     """
-    num_tokens, num_heads, head_dim = query.shape
+    num_decodes, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    num_seqs = meta.num_seqs
-    if num_tokens == 0 or num_seqs == 0:
-        return torch.empty_like(query)
-    max_q, max_k = meta.max_query_len, meta.max_seq_len
-    seq_of_token, row_in_seq, bias = _step_layout(meta, query.device)
+    k = gather_blocks(k_cache, rows.block_tables).to(query.dtype).transpose(1, 2)  # [N, KVH, L, D]
+    v = gather_blocks(v_cache, rows.block_tables).to(query.dtype).transpose(1, 2)
+    q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_bias, scale=scale)
+    return out.reshape(num_decodes, num_heads, head_dim)
 
-    # Scatter the flat queries into [S, max_q, H, D] (padding rows stay zero).
-    q = query.new_zeros(num_seqs, max_q, num_heads, head_dim)
-    q[seq_of_token, row_in_seq] = query
-    k = gather_kv(k_cache, meta.block_tables, max_k).to(query.dtype)  # [S, max_k, KVH, D]
-    v = gather_kv(v_cache, meta.block_tables, max_k).to(query.dtype)
 
-    # Grouped-query attention without copying K/V per query head: the G = H / KVH query heads
-    # that share a KV head are stacked with the query rows, so each (sequence, KV head) pair is
-    # one plain matmul: [G * max_q, D] @ [D, max_k].
-    group = num_heads // num_kv_heads
-    q = q.view(num_seqs, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-    q = q.reshape(num_seqs, num_kv_heads, group * max_q, head_dim)
-    scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float() * scale  # [S, KVH, G*max_q, max_k]
-    scores = scores.view(num_seqs, num_kv_heads, group, max_q, max_k) + bias
-    probs = scores.softmax(dim=-1).to(query.dtype).view(num_seqs, num_kv_heads, group * max_q, max_k)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [S, KVH, G*max_q, D]
-    out = out.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(num_seqs, max_q, num_heads, head_dim)[seq_of_token, row_in_seq]
+def prefill_attention(
+    query: torch.Tensor,  # [q, num_heads, head_dim]
+    key: torch.Tensor,  # [q, num_kv_heads, head_dim]: this step's new keys
+    value: torch.Tensor,  # [q, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    rows: PrefillRows,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of one sequence's new tokens over its cached context and themselves.
+
+    The context comes from the cache; the new tokens' K/V come straight from this step's rows,
+    rounded to the cache's dtype exactly as the cache holds them (so padding rows, which are
+    never stored, still see their own keys). Returns ``[q, num_heads, head_dim]``.
+    """
+    k = key.to(k_cache.dtype).to(query.dtype)
+    v = value.to(v_cache.dtype).to(query.dtype)
+    if rows.context_blocks is not None:
+        n = rows.context_len
+        k = torch.cat([gather_blocks(k_cache, rows.context_blocks)[:n].to(query.dtype), k])
+        v = torch.cat([gather_blocks(v_cache, rows.context_blocks)[:n].to(query.dtype), v])
+    # [1, heads, tokens, D]; enable_gqa lets query head h read KV head h // group without a copy
+    out = F.scaled_dot_product_attention(
+        query.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=rows.causal_bias, is_causal=rows.causal_bias is None, scale=scale, enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
+def paged_attention_ragged(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], new K/V written
+    v_cache: torch.Tensor,
+    plan: RaggedStepPlan,
+    scale: float,
+) -> torch.Tensor:
+    """Attention for every row of the flat batch, decode rows together and prefill sequences one
+    by one. Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype."""
+    decode = plan.decode
+    if decode is not None and decode.token_rows is None:  # decode-only step: no scatter needed
+        return decode_attention(query, k_cache, v_cache, decode, scale)
+    out = torch.empty_like(query)
+    if decode is not None:
+        out[decode.token_rows] = decode_attention(query[decode.token_rows], k_cache, v_cache, decode, scale)
+    for rows in plan.prefills:
+        span = slice(rows.start, rows.stop)
+        out[span] = prefill_attention(query[span], key[span], value[span], k_cache, v_cache, rows, scale)
+    return out
 
 
 class TorchAttentionBackend:
-    """Reference backend: ``write_kv_to_cache`` then ``paged_attention_reference``."""
+    """The CPU default: store the new K/V, then ``paged_attention_ragged``."""
 
     name = "torch"
 
@@ -130,5 +248,11 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        write_kv_to_cache(key, value, k_cache, v_cache, meta.slot_mapping)
-        return paged_attention_reference(query, k_cache, v_cache, meta, scale)
+        if query.shape[0] == 0:
+            return torch.empty_like(query)
+        plan = plan_step(meta, query.device, query.dtype)
+        if plan.kept_rows is None:
+            store_kv(key, value, k_cache, v_cache, plan.kept_slots)
+        else:
+            store_kv(key[plan.kept_rows], value[plan.kept_rows], k_cache, v_cache, plan.kept_slots)
+        return paged_attention_ragged(query, key, value, k_cache, v_cache, plan, scale)

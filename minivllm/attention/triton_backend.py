@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from minivllm._triton_env import check_interpreter_ready
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.triton_kernels import (
     paged_decode_attention,
@@ -23,6 +24,9 @@ class TritonAttentionBackend:
     """``reshape_and_cache`` then ``paged_decode_attention`` or ``paged_prefill_attention``."""
 
     name = "triton"
+
+    def __init__(self) -> None:
+        check_interpreter_ready()  # fail here, with advice, rather than inside the first step
 
     def forward(
         self,

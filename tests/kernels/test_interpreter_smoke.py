@@ -75,6 +75,51 @@ def test_fresh_process_switches_interpreter_on():
     assert result.stdout.split() == ["1", "interpreted"]
 
 
+IMPORT_FIRST = {
+    "triton": "import triton",
+    "torch._inductor": "import torch._inductor",
+}
+
+ENGINE_AFTER = """
+from minivllm import LLM, SamplingParams
+params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+tokens = {}
+for backend in ("torch", "triton"):
+    llm = LLM(attention_backend=backend, max_model_len=64, num_kv_blocks=8, block_size=16)
+    tokens[backend] = llm.generate([[1, 5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
+assert tokens["triton"] == tokens["torch"], tokens
+print("ok", tokens["triton"])
+"""
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present: kernels run compiled")
+@pytest.mark.parametrize("first", list(IMPORT_FIRST))
+def test_triton_imported_before_minivllm(first):
+    """Triton's library functions (``tl.zeros``, ``tl.sum``, ...) are ``@triton.jit`` functions
+    defined when ``triton`` is imported. Imported before ``minivllm`` sets the flag, they were
+    compiled ones, and the first interpreted kernel that called one failed with
+    ``InterpreterError: Cannot call @triton.jit'd outside of the scope of a kernel``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = IMPORT_FIRST[first] + "\n" + ENGINE_AFTER
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok")
+
+
+def test_compiled_library_function_is_refused_with_advice(monkeypatch):
+    """If a compiled Triton function is still reachable with the interpreter on, creating the
+    backend says what happened and what to do, instead of failing inside the first step."""
+    from triton.runtime.jit import JITFunction
+
+    from minivllm.attention import get_attention_backend
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("kernels run compiled here")
+    monkeypatch.setattr(tl, "zeros", JITFunction(tl.zeros.fn))
+    with pytest.raises(RuntimeError, match="import minivllm` first"):
+        get_attention_backend("triton")
+
+
 def test_our_kernels_were_defined_in_the_right_mode():
     """The flag is read when ``@triton.jit`` runs. A kernel defined before it was set stays a
     compiled JITFunction, which on a machine without a GPU fails at launch."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_kv_helpers import DEVICE
 
-from minivllm.attention.torch_ref import write_kv_to_cache
+from minivllm.attention.cache_ops import write_kv_to_cache
 from minivllm.attention.triton_kernels import reshape_and_cache
 
 SENTINEL = -7.0
