@@ -59,11 +59,13 @@ def serve(
     scheduler,
     prompts: Sequence[str] = STORY_PROMPTS,
     arrivals: Sequence[int] | None = None,
-    max_tokens: int = 16,
+    max_tokens: int | Sequence[int] = 16,
     max_steps: int = 500,
+    ignore_eos: bool = False,
     **engine_args,
 ) -> Served:
-    """Serve ``prompts`` (request ``i`` joins before step ``arrivals[i]``) greedily with
+    """Serve ``prompts`` (text or token ids; request ``i`` joins before step ``arrivals[i]``,
+    wants ``max_tokens`` or ``max_tokens[i]`` tokens) greedily with
     ``LLM(scheduler=scheduler, **engine_args)``; record what every step decided."""
     from minivllm import LLM, SamplingParams
 
@@ -84,12 +86,12 @@ def serve(
     sched.schedule = recording_schedule
     arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
     pending = sorted((t, i) for i, t in enumerate(arrivals))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    wanted = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     step = 0
     while pending or engine.has_unfinished_requests():
         while pending and pending[0][0] <= step:
             _, i = pending.pop(0)
-            engine.add_request(f"p{i}", prompts[i], params)
+            engine.add_request(f"p{i}", prompts[i], SamplingParams(temperature=0.0, max_tokens=wanted[i], ignore_eos=ignore_eos))
         if step >= max_steps:
             raise Mismatch("every request finished", f"{len(engine.core.scheduler.requests)} still unfinished",
                            f"after {max_steps} steps")

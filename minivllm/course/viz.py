@@ -162,9 +162,8 @@ def plot_budget(trace: Sequence[TraceRequest], steps: Sequence, budget: int, ax=
     ax.set_ylim(0, 1.15 * budget)
     ax.set_xlabel("step")
     ax.set_ylabel("tokens computed")
-    ax.set_title(title or "How each step spends its token budget")
+    ax.set_title(title or "How each step spends its token budget", pad=18)
     ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=3, frameon=False)
-    ax.title.set_position((0.5, 1.1))
     return ax
 
 

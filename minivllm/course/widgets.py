@@ -54,7 +54,7 @@ def have_ipywidgets() -> bool:
     return True
 
 
-def interact(fn: Callable[..., Any], fallback: Sequence[dict] = (), **controls: Slider | Choice) -> Any:
+def interact(fn: Callable[..., Any], fallback: Sequence[dict] = (), **controls: Slider | Choice) -> None:
     """Live controls for ``fn(**values)`` when ipywidgets is there; else ``fn`` called with each
     dict of ``fallback`` (or once with the controls' starting values)."""
     if not have_ipywidgets():
@@ -66,7 +66,8 @@ def interact(fn: Callable[..., Any], fallback: Sequence[dict] = (), **controls: 
         return None
     import ipywidgets as w
 
-    return w.interact(fn, **{name: c.widget(w, name) for name, c in controls.items()})
+    w.interact(fn, **{name: c.widget(w, name) for name, c in controls.items()})
+    return None  # the widget is displayed; nothing else for the cell to show
 
 
 def _start(control: Slider | Choice) -> Any:

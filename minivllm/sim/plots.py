@@ -46,7 +46,7 @@ def plot_batch_occupancy(
     if x not in ("step", "time"):
         raise ValueError(f"x must be 'step' or 'time', got {x!r}")
     runs = _runs(stats)
-    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.9 * len(runs) + 0.9), sharex=True, sharey=True,
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9.5, 1.9 * len(runs) + 0.9), sharex=True, sharey=True,
                              squeeze=False)
     top = max([max_num_seqs or 0] + [s.num_batched_seqs for r in runs.values() for s in r.steps])
     for ax, (label, run), colour in zip(axes[:, 0], runs.items(), plt.get_cmap("tab10").colors, strict=False):
@@ -69,8 +69,8 @@ def plot_batch_occupancy(
         ax.set_title(f"{label}: {len(steps)} steps, B_eff = {b_eff:.2f} useful sequences per step",
                      loc="left", fontsize=9)
         ax.set_ylabel("sequences")
-        ax.legend(fontsize=7, loc="upper right")
-    axes[0, 0].set_ylim(0, 1.35 * top if top else 1)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    axes[0, 0].set_ylim(0, 1.15 * top if top else 1)
     axes[0, 0].set_xlim(left=0)
     axes[-1, 0].set_xlabel("step" if x == "step" else "time (s)")
     fig.suptitle("Batch occupancy", fontsize=10)
