@@ -318,3 +318,74 @@ def test_working_falls_back_to_the_reference_with_a_notice(capsys):
     ref = course.load("ex00_kv_memory", solutions=True)
     course.check(ref, verbose=False)
     assert course.working(ref) is ref
+
+
+# --- the machinery behind the plug-in exercises ---------------------------------------------------
+def test_protocol_only_kv_refuses_what_the_protocol_does_not_offer():
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.course.scheduling import ProtocolOnlyKV
+
+    kv = ProtocolOnlyKV(KVCacheManager(8, 16, enable_caching=False))
+    assert kv.num_free_blocks == 8 and kv.block_size == 16
+    with pytest.raises(AttributeError, match="'block_pool' is not part of the KVCacheManager protocol"):
+        kv.block_pool  # noqa: B018
+    with pytest.raises(AttributeError, match="must not change"):
+        kv.num_blocks = 4
+
+
+def test_a_scheduler_that_reaches_past_the_protocol_fails_its_check(tmp_path):
+    text = (ROOT / "solutions" / "ex02_continuous.py").read_text()
+    old = "block_ids = self.kv.allocate_slots(req, 1)"
+    assert old in text
+    path = tmp_path / "ex02_continuous.py"
+    path.write_text(text.replace(old, "block_ids = self.kv.allocate_slots(req, 1) if self.kv.block_pool else None"))
+    report = run_cases("ex02_continuous", load_path(path, "ex02_continuous", "mutant"),
+                       course.cases_for("ex02_continuous"), "mutant")
+    assert not report.passed
+    assert any("not part of the KVCacheManager protocol" in r.message for r in report.results)
+
+
+def test_scheduler_base_refuses_the_other_prefill_mode():
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.core.scheduler import SchedulerConfig
+
+    ex02 = course.load("ex02_continuous", solutions=True)
+    ex03 = course.load("ex03_chunked_prefill", solutions=True)
+    with pytest.raises(ValueError, match="computes whole prompts"):
+        ex02.ContinuousScheduler(SchedulerConfig(enable_chunked_prefill=True), KVCacheManager(8, 16))
+    with pytest.raises(ValueError, match="cuts prompts into chunks"):
+        ex03.ChunkedScheduler(SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=4096,
+                                              max_model_len=4096), KVCacheManager(8, 16))
+
+
+def test_ex03_builds_on_the_exercise_02_next_to_it(tmp_path):
+    from minivllm.course.loader import load_earlier
+
+    # from exercises/ it is the student's own file; from anywhere else, the reference
+    assert load_earlier("ex02_continuous", ROOT / "exercises" / "ex03_chunked_prefill.py").__course_source__ == "exercises"
+    assert load_earlier("ex02_continuous", ROOT / "solutions" / "ex03_chunked_prefill.py").__course_source__ == "solutions"
+    assert load_earlier("ex02_continuous", tmp_path / "ex03_chunked_prefill.py").__course_source__ == "solutions"
+    # a broken exercise 02 is named in the error
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "solutions" / "ex02_continuous.py").write_text((ROOT / "solutions" / "ex02_continuous.py").read_text())
+    (tmp_path / "exercises" / "ex02_continuous.py").write_text("def broken(:\n")
+    with pytest.raises(ImportError, match="builds on ex02_continuous, which does not import"):
+        load_earlier("ex02_continuous", tmp_path / "exercises" / "ex03_chunked_prefill.py")
+
+
+def test_replay_comparison_reports_the_state_before_the_step():
+    from minivllm.core.scheduler import Scheduler
+    from minivllm.course.reference import StepMismatch, TraceRequest, compare_with_reference
+
+    class LeakyScheduler(Scheduler):  # never frees a finished request's blocks
+        def _release(self, req):
+            self.requests.pop(req.request_id, None)
+
+    trace = [TraceRequest("a", 20, 2), TraceRequest("b", 3, 4, 1)]
+    with pytest.raises(StepMismatch) as err:
+        compare_with_reference(LeakyScheduler, trace, max_num_seqs=2, max_num_batched_tokens=32, label="leak")
+    text = str(err.value)
+    assert "leak: max_num_seqs=2, max_num_batched_tokens=32" in text
+    assert "KV blocks in use after the step" in text and "before step 1: running [('a', 1)]" in text
+    assert text.endswith("(the state before that step is shown above)")

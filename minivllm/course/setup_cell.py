@@ -36,6 +36,7 @@ if "google.colab" in sys.modules:
     os.chdir("/content/minivllm/notebooks")
     sys.path.insert(0, "/content/minivllm")
 
+# Figures appear under the cell that draws them (minivllm never changes matplotlib's backend).
 %matplotlib inline
 
 import torch
