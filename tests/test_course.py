@@ -389,3 +389,21 @@ def test_replay_comparison_reports_the_state_before_the_step():
     assert "leak: max_num_seqs=2, max_num_batched_tokens=32" in text
     assert "KV blocks in use after the step" in text and "before step 1: running [('a', 1)]" in text
     assert text.endswith("(the state before that step is shown above)")
+
+
+def test_the_ex03_scheduler_runs_over_another_kv_cache_manager():
+    """What notebook 08 does: the student's scheduler and a KV cache manager written elsewhere,
+    both plugged into one LLM, give minivllm's own greedy tokens."""
+    from test_plugins import FreeListKV
+
+    from minivllm import LLM, SamplingParams
+
+    ex = course.load("ex03_chunked_prefill", solutions=True)
+    prompts = ["Once upon a time", "The little fox lived in a den at the edge of the forest", "Tom went to"]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    args = dict(max_model_len=96, max_num_batched_tokens=16, enable_prefix_caching=False, dtype="float32")
+    mine = LLM(scheduler=ex.ChunkedScheduler, kv_cache=FreeListKV(num_blocks=6, block_size=16), debug_checks=True, **args)
+    ref = LLM(num_kv_blocks=6, **args)
+    got = [o.outputs[0].token_ids for o in mine.generate(prompts, params, use_tqdm=False)]
+    assert got == [o.outputs[0].token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
+    assert sum(s.num_preemptions for s in mine.stats().steps) > 0  # the small pool made it preempt
