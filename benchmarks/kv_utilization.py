@@ -33,6 +33,7 @@ def run(trace, vocab: int, kv_cache: str, args) -> dict:
     s = llm.stats().summary()
     s["wall_s"] = time.perf_counter() - t0
     s["peak_seqs"] = max(llm.stats().column("num_running"))
+    s["stats"] = llm.stats()  # every step's figures, for plots (notebook 04)
     return s
 
 

@@ -43,12 +43,22 @@ def question(llm: LLM, i: int) -> list[int]:
     return llm.tokenizer(text, add_special_tokens=False).input_ids
 
 
-def sharing_part(args) -> list[str]:
+def make_llm(make_kv=None, caching: bool = True, **engine_args) -> LLM:
+    """minivllm's own KV manager, or ``make_kv(caching)`` (a plug-in, e.g. exercise 07's) over a
+    pool of the same size."""
+    if make_kv is None:
+        return LLM(enable_prefix_caching=caching, **engine_args)
+    blocks = LLM(**engine_args).engine.kv.num_blocks  # the default pool for this model
+    return LLM(kv_cache=make_kv(blocks, caching), **engine_args)
+
+
+def sharing_part(args, make_kv=None) -> list[str]:
+    """``make_kv(num_blocks, caching)``: a KV cache manager to measure instead of minivllm's."""
     rows = ["| prefix caching | prompt tokens computed | peak KV blocks in use | mean TTFT (s) | hit rate | wall (s) |",
             "|---|---:|---:|---:|---:|---:|"]
     results = {}
     for caching in (False, True):
-        llm = LLM(enable_prefix_caching=caching, max_num_seqs=args.requests)
+        llm = make_llm(make_kv, caching, max_num_seqs=args.requests)
         sys_ids = system_prompt(llm, args.system_tokens)
         prompts = [sys_ids + question(llm, i) for i in range(args.requests)]
         params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -77,9 +87,9 @@ def saving(stats) -> tuple[float, float]:
     return mean, 1 - peak.kv_blocks_used / peak.kv_blocks_referenced
 
 
-def fork_part(args) -> list[str]:
+def fork_part(args, make_kv=None) -> list[str]:
     rows = ["| workload | KV memory saved (mean over steps) | saved at the peak | vLLM paper |", "|---|---:|---:|---:|"]
-    llm = LLM(enable_prefix_caching=False)
+    llm = make_llm(make_kv, caching=False)
     # prompts of ~160 tokens: a shortened system prompt and a story opening
     head = system_prompt(llm, 150)
     texts = [head + llm.tokenizer(f" Once upon a time, a little {a} lived near the {p}.",
@@ -87,7 +97,7 @@ def fork_part(args) -> list[str]:
     llm.generate(texts, SamplingParams(n=4, temperature=1.0, max_tokens=args.max_tokens, seed=0), use_tqdm=False)
     mean, peak = saving(llm.stats())
     rows.append(f"| parallel sampling n=4 | {mean:.1%} | {peak:.1%} | 6.1-9.8% |")
-    llm = LLM(enable_prefix_caching=False)
+    llm = make_llm(make_kv, caching=False)
     llm.beam_search(texts, BeamSearchParams(beam_width=4, max_tokens=args.max_tokens))
     mean, peak = saving(llm.stats())
     rows.append(f"| beam search width 4 | {mean:.1%} | {peak:.1%} | 37.6-55.2% |")

@@ -6,9 +6,9 @@
 Notebook: notebooks/03_chunked_prefill.ipynb. Check your work with
 ``course.check(course.load("ex03_chunked_prefill"))`` there, or ``pytest -m ex03``.
 
-``ChunkedScheduler`` *is* your ``ContinuousScheduler`` from exercise 02 (this file imports it
-from ``exercises/ex02_continuous.py``, so finish that one first): it keeps your
-``update_from_output`` and replaces ``schedule()``. What changes:
+``ChunkedScheduler`` *is* your ``ContinuousScheduler`` from exercise 02 -- or, until yours
+passes its checks, the reference one (``course.working`` below says which) -- with your
+``update_from_output`` kept and ``schedule()`` replaced. What changes:
 
 * **chunks.** A prompt no longer has to fit the budget whole. Each step, a request gets as
   many of the tokens it still has to compute as the budget left allows. A request whose
@@ -30,13 +30,13 @@ then serve the tiny model with both and compare tokens. Plug it in with
 
 from __future__ import annotations
 
+from minivllm import course
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.course.loader import load_earlier
 from minivllm.request import RequestStatus
 
 NOTEBOOK = "notebooks/03_chunked_prefill.ipynb"
 
-ContinuousScheduler = load_earlier("ex02_continuous", __file__).ContinuousScheduler
+ContinuousScheduler = course.working("ex02_continuous").ContinuousScheduler  # your exercise 02
 
 
 class ChunkedScheduler(ContinuousScheduler):

@@ -323,3 +323,32 @@ def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
     llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False, engine_core=PlainCore)
     assert type(llm.engine.core) is PlainCore
     assert tokens(llm) == reference_tokens
+
+
+def test_a_policy_that_always_preempts_cannot_make_a_step_loop_forever():
+    """Two waiting requests that may each preempt the other must not take turns inside one
+    step: a request admitted in this step is never preempted by an admission in the same step."""
+    from minivllm import workloads
+    from minivllm.sim import Simulator
+
+    class Restless(ShortestPromptFirst):
+        name = "restless"
+
+        def may_preempt(self, incoming, victim):
+            return True
+
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError("a scheduling step did not finish in 30 s")
+
+    sim = Simulator("llama-3-8b", "H100-SXM", num_kv_blocks=8, max_model_len=128,
+                    scheduling_policy=Restless())
+    trace = workloads.fixed([40, 40, 40], [8, 8, 8])
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(30)
+    try:
+        assert sim.run(trace, check_invariants=True).summary()["output_tokens"] == 24
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

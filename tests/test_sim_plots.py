@@ -76,3 +76,14 @@ def test_roofline_with_measured_points(runs):
     assert len(ax.collections) >= 1  # measured decode steps drawn as dots
     xs, rates = plots.decode_points(runs["continuous"])
     assert xs and all(r > 0 for r in rates)
+
+
+def test_latency_cdf(runs):
+    fig = plots.plot_latency_cdf(runs, "ttft", "chat")
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["static (24 requests)", "continuous (24 requests)"]
+    assert ax.get_ylim()[0] == 0 and ax.get_xscale() == "log"
+    for line in ax.get_lines()[:2]:  # one step curve per run, ending at 100 %
+        assert line.get_ydata()[-1] == 1.0

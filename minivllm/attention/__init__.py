@@ -19,14 +19,36 @@ causal attention of the new tokens over everything cached for their sequence.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
+import torch
+
 # Must run before any kernel module of this package defines a Triton kernel: it picks compiled
 # or interpreted Triton (see minivllm/_triton_env.py).
 import minivllm._triton_env  # noqa: F401, I001
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_padded import PaddedTorchAttentionBackend
 from minivllm.attention.torch_ref import TorchAttentionBackend
+from minivllm.config import ATTENTION_BACKENDS
 
-ATTENTION_BACKENDS = ("auto", "torch", "torch_padded", "triton")
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """The attention plug-in point (``LLM(attention_backend=<instance>)``): write the new K/V
+    rows through ``meta.slot_mapping``, then attend; returns ``[T, H, D]`` in the query's dtype."""
+
+    name: str
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, H, D]
+        key: torch.Tensor,  # [T, KVH, D]
+        value: torch.Tensor,  # [T, KVH, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
 
 
 def get_attention_backend(name: str = "auto", device: str = "cpu"):
@@ -46,6 +68,7 @@ def get_attention_backend(name: str = "auto", device: str = "cpu"):
 
 
 __all__ = [
+    "AttentionBackend",
     "AttentionMetadata",
     "TorchAttentionBackend",
     "PaddedTorchAttentionBackend",

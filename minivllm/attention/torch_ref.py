@@ -2,9 +2,11 @@
 
 A step's flat batch mixes two kinds of rows that want different shapes of work:
 
-* **decode rows** (one new token): all of them at once. Each gathers its blocks up to the
-  longest *decode* context of the step (a prompt in the same step does not stretch them), and
-  the query heads that share a KV head become the rows of one small attention per
+* **decode rows** (one new token): batched, in a few buckets of similar context length.
+  Sorted by length, a bucket holds sequences whose contexts are within a factor of two of
+  each other, and each gathers its blocks only up to the longest context *of its bucket* (a
+  prompt in the same step does not stretch them, nor does one long decode stretch 63 short
+  ones). The query heads that share a KV head become the rows of one small attention per
   (sequence, KV head), ``[group, keys]``, so K/V are never repeated per query head;
 * **prefill rows** (a prompt, a prompt chunk, a chunk after a prefix-cache hit): one sequence
   at a time, causal attention of its ``q`` new tokens over its ``c`` cached positions and
@@ -30,11 +32,12 @@ from minivllm.attention.metadata import AttentionMetadata
 
 @dataclass
 class DecodeRows:
-    """Every sequence of the step with exactly one new token, batched together."""
+    """Sequences of the step with exactly one new token and similar context lengths, batched
+    together (one bucket of :attr:`RaggedStepPlan.decode`)."""
 
-    token_rows: torch.Tensor | None  # [num_decodes] int64 rows of the flat batch; None: all rows
-    block_tables: torch.Tensor  # [num_decodes, nb] int64 blocks up to the longest decode context
-    key_bias: torch.Tensor  # [num_decodes, 1, 1, nb * block_size]: 0 where position < seq_len, else -inf
+    token_rows: torch.Tensor | None  # [n] int64 rows of the flat batch; None: all rows, in order
+    block_tables: torch.Tensor  # [n, nb] int64 blocks up to the bucket's longest context
+    key_bias: torch.Tensor  # [n, 1, 1, nb * block_size]: 0 where position < seq_len, else -inf
 
 
 @dataclass
@@ -52,7 +55,7 @@ class PrefillRows:
 class RaggedStepPlan:
     """What every layer of one step needs, derived once (see :func:`plan_step`)."""
 
-    decode: DecodeRows | None
+    decode: list[DecodeRows]  # buckets of decode rows, shortest contexts first
     prefills: list[PrefillRows]
     kept_rows: torch.Tensor | None  # [num_kept] rows whose slot is not -1; None: every row
     kept_slots: torch.Tensor  # [num_kept] their slots
@@ -93,13 +96,31 @@ def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype)
         row += query_len
     if row != num_tokens:
         raise ValueError(f"query lengths add up to {row} tokens but slot_mapping has {num_tokens}")
-    decode = None
-    if decode_seqs:
-        decode = _decode_rows(meta, decode_seqs, decode_token_rows, seq_lens, device, dtype)
+    only_decodes = len(decode_seqs) == len(seq_lens) == num_tokens
+    decode = [
+        _decode_rows(meta, [decode_seqs[i] for i in bucket], [decode_token_rows[i] for i in bucket],
+                     seq_lens, device, dtype, all_rows=only_decodes and len(bucket) == len(decode_seqs))
+        for bucket in length_buckets([seq_lens[s] for s in decode_seqs])
+    ]
     kept_rows, kept_slots = _kept_rows(meta)
     plan = RaggedStepPlan(decode, prefills, kept_rows, kept_slots)
     meta.backend_cache["torch_ragged"] = plan
     return plan
+
+
+def length_buckets(lengths: list[int], spread: float = 2.0) -> list[list[int]]:
+    """Indices of ``lengths`` grouped so that within a group the longest is at most ``spread``
+    times the shortest: sorted ascending, a new group starts when a length exceeds that bound.
+    Padding each group to its own longest wastes less than ``spread`` x its keys, in a handful
+    of groups (about log(max / min) / log(spread))."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and lengths[i] <= spread * lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
 
 
 def _decode_rows(
@@ -109,10 +130,11 @@ def _decode_rows(
     seq_lens: list[int],
     device: torch.device,
     dtype: torch.dtype,
+    all_rows: bool = False,
 ) -> DecodeRows:
     lens = [seq_lens[s] for s in seqs]
     num_blocks = -(-max(lens) // meta.block_size)
-    if len(seqs) == len(seq_lens) == meta.slot_mapping.shape[0]:  # decode only: sequence i is row i
+    if all_rows and seqs == list(range(len(seqs))):  # decode only, one bucket: sequence i is row i
         rows, tables = None, meta.block_tables[:, :num_blocks]
     else:
         rows = torch.tensor(token_rows, dtype=torch.long, device=device)
@@ -221,12 +243,12 @@ def paged_attention_ragged(
 ) -> torch.Tensor:
     """Attention for every row of the flat batch, decode rows together and prefill sequences one
     by one. Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype."""
-    decode = plan.decode
-    if decode is not None and decode.token_rows is None:  # decode-only step: no scatter needed
-        return decode_attention(query, k_cache, v_cache, decode, scale)
+    if len(plan.decode) == 1 and plan.decode[0].token_rows is None:  # one bucket, no prefill
+        return decode_attention(query, k_cache, v_cache, plan.decode[0], scale)
     out = torch.empty_like(query)
-    if decode is not None:
-        out[decode.token_rows] = decode_attention(query[decode.token_rows], k_cache, v_cache, decode, scale)
+    for bucket in plan.decode:
+        rows = bucket.token_rows
+        out[rows] = decode_attention(query[rows], k_cache, v_cache, bucket, scale)
     for rows in plan.prefills:
         span = slice(rows.start, rows.stop)
         out[span] = prefill_attention(query[span], key[span], value[span], k_cache, v_cache, rows, scale)

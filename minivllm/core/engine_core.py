@@ -189,7 +189,8 @@ class EngineCore:
             self._fail_requests(result.failed, core_out)
         self._fork_siblings(out, result)
         tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
-        tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}
+        if core_out.failed:
+            tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}
         finished = sched.update_from_output(tokens)
         now = self.clock()
         core_out.end_time = now

@@ -72,9 +72,9 @@ class KVWriteTracker:
             for p in range(start + n):
                 slot = (table[p // bs], p % bs)
                 if shadow.get(slot) != self.identity(req, p):
-                    what = "never written" if slot not in shadow else f"holds {shadow[slot]}"
+                    what = "was never written" if slot not in shadow else f"holds {shadow[slot]}"
                     raise AssertionError(
                         f"request {req.request_id!r} reads position {p} from block {slot[0]} offset "
-                        f"{slot[1]}, which is {what}, not its token {req.all_token_ids[p]} there"
+                        f"{slot[1]}, which {what}, not its token {req.all_token_ids[p]} there"
                     )
             self.num_checked_reads += start + n

@@ -191,6 +191,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         """Admit waiting requests while budget, seats and KV blocks last (prefix hits first)."""
         cfg = self.config
+        admitted: list[Request] = []  # never preempted again in the step that admitted them
         while self.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self._peek_waiting()
             # prompt log-probabilities need every prompt row computed: no cache hits for them
@@ -203,12 +204,13 @@ class Scheduler:
                 num_new = budget
             block_ids = self.kv.allocate_slots(req, num_new, hit_blocks)
             if block_ids is None:
-                freed = self._preempt_for(req, out)
+                freed = self._preempt_for(req, out, admitted)
                 if freed is None:
                     break
                 budget += freed
                 continue
             self._pop_waiting()
+            admitted.append(req)
             if req.first_scheduled_time is None and req.num_preemptions == 0:
                 req.num_cached_tokens = num_hit
                 self.prefix_query_tokens += req.num_tokens
@@ -232,14 +234,17 @@ class Scheduler:
         self.requests[child.request_id] = child
         self.num_forked_tokens += parent.num_computed_tokens
 
-    def _preempt_for(self, req: Request, out: SchedulerOutput) -> int | None:
+    def _preempt_for(self, req: Request, out: SchedulerOutput, admitted: list[Request]) -> int | None:
         """Make room for a waiting request by preempting a running one, if the policy allows
         (the priority policy does when ``req`` outranks the least important running request).
-        Returns the budget tokens freed, or None."""
-        if not self.running:
+        Requests admitted in this same step are not candidates: two requests that may each
+        preempt the other would otherwise take turns forever. Returns the budget tokens freed,
+        or None."""
+        candidates = [r for r in self.running if r not in admitted] if admitted else self.running
+        if not candidates:
             return None
-        victim = self._pick_victim()
-        if victim is req or not self.policy.may_preempt(req, victim):
+        victim = self.policy.choose_victim(candidates)
+        if not self.policy.may_preempt(req, victim):
             return None
         return self._preempt(victim, out)
 

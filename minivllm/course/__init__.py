@@ -16,6 +16,8 @@ notebook (plots, widgets, the chapter's numbers) and come back to the exercise l
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from types import ModuleType
 
 from minivllm.course.checks import cases_for
@@ -28,10 +30,18 @@ from minivllm.course.grading import (
     require,
     run_cases,
 )
-from minivllm.course.loader import course_root, exercise_names, load, resolve_name, use_solutions
+from minivllm.course.loader import (
+    course_root,
+    exercise_names,
+    load,
+    load_benchmark,
+    resolve_name,
+    use_solutions,
+)
 
 __all__ = [
     "load",
+    "load_benchmark",
     "check",
     "grade",
     "cases_for",
@@ -66,12 +76,21 @@ def check(exercise: ModuleType | str, verbose: bool = True, raise_on_failure: bo
 def working(exercise: ModuleType | str) -> ModuleType:
     """The exercise module to use from here on: the given one if it passes every check (the
     result of the last ``check`` of it, or a fresh run), else the reference solution, with a
-    notice saying so."""
+    notice saying so.
+
+    A fresh run's verdict is remembered for as long as no exercise file in the module's folder
+    changes, so that an exercise built on another one (exercise 07 imports
+    ``working("ex04_block_allocator")``) does not grade its base again every time it is loaded."""
     module = load(exercise) if isinstance(exercise, str) else exercise
     name = module.__exercise__
     report = getattr(module, "__course_report__", None)
     if report is None:
-        report = run_cases(name, module, cases_for(name), module.__course_source__)
+        key = _verdict_key(module)
+        report = _VERDICTS.get(key) if key is not None else None
+        if report is None:
+            report = run_cases(name, module, cases_for(name), module.__course_source__)
+            if key is not None:
+                _VERDICTS[key] = report
         module.__course_report__ = report
     if report.passed:
         return module
@@ -80,6 +99,23 @@ def working(exercise: ModuleType | str) -> ModuleType:
         f"below use the reference solution. Fix your exercise and re-run the check cell to use yours."
     )
     return load(name, solutions=True)
+
+
+_VERDICTS: dict[tuple[str, str, str], Report] = {}
+
+
+def _verdict_key(module: ModuleType) -> tuple[str, str, str] | None:
+    """``(exercise, its file, a digest of every exercise file next to it)``, or ``None`` for a
+    module without a file. The digest covers the neighbours because one exercise's verdict
+    can depend on another's (exercise 07 runs on exercise 04)."""
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    folder = Path(path).resolve().parent
+    digest = hashlib.sha256()
+    for file in sorted(folder.glob("ex[0-9][0-9]_*.py")):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return module.__exercise__, str(Path(path).resolve()), digest.hexdigest()
 
 
 def grade(names: list[str] | None = None, solutions: bool | None = None) -> list[Report]:

@@ -96,21 +96,20 @@ def load_path(path: Path, name: str, source: str) -> ModuleType:
     return module
 
 
-def load_earlier(name: str, importer: str | Path) -> ModuleType:
-    """The earlier exercise ``name`` that the exercise file ``importer`` builds on.
-
-    From ``exercises/`` it is the student's own file next to it (exercise 03 extends *your*
-    exercise-02 scheduler); from anywhere else (``solutions/``, or a generated stub being
-    tested) it is the reference solution.
-    """
-    path = Path(importer).resolve()
-    root = path.parent.parent
-    own_exercise = path.parent.name == "exercises" and (root / "solutions").is_dir()
+def load_benchmark(name: str, root: Path | None = None) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` as a module, so that a notebook reuses a benchmark's
+    functions instead of copying them (the benchmarks are scripts, not a package)."""
+    path = (root or course_root()) / "benchmarks" / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    mod_name = f"_minivllm_benchmark_{name}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses look their module up while the file runs
     try:
-        if own_exercise:
-            return load(name, solutions=False, root=root)
-        return load(name, solutions=True, root=root if (root / "solutions").is_dir() else None)
-    except Exception as err:  # noqa: BLE001 - say which file is the problem
-        raise ImportError(
-            f"{path.name} builds on {name}, which does not import: {type(err).__name__}: {err}"
-        ) from err
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module

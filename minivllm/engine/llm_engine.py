@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
+from minivllm.attention import AttentionBackend
 from minivllm.config import EngineArgs, build_engine_core, build_scheduler, check_int
+from minivllm.core.interfaces import check_implements
 from minivllm.core.kv_cache_manager import cdiv
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
@@ -90,11 +92,7 @@ class LLMEngine:
 
     # --- set-up helpers --------------------------------------------------------------------
     def _use_attention_backend(self, backend) -> None:
-        if not callable(getattr(backend, "forward", None)) or not hasattr(backend, "name"):
-            raise TypeError(
-                f"attention_backend={type(backend).__name__} is not an attention backend: it needs "
-                "a `name` and forward(query, key, value, k_cache, v_cache, meta, scale)"
-            )
+        check_implements(backend, AttentionBackend, "attention_backend")
         self.model.set_attention_backend(backend)
 
     def _load_tokenizer(self):

@@ -99,9 +99,9 @@ class Sampler:
         ``failed`` maps a row index to why it could not be sampled (its token is then -1)."""
         logits = logits.float()
         self._suppress_early_stops(logits, requests)
-        bad = unusable_rows(logits)
         failed: dict[int, str] = {}
-        if bool(bad.any()):
+        if not bool(torch.isfinite(logits).all()):  # rare (or -inf from min_tokens): look closer
+            bad = unusable_rows(logits)
             for i in bad.nonzero().flatten().tolist():
                 failed[i] = "the model produced non-finite logits (NaN or inf) for this request"
             logits = logits.masked_fill(bad[:, None], 0.0)

@@ -5,7 +5,11 @@ Kept separate from the plots so that tables and tests need no matplotlib.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from minivllm.metrics import EngineStats, StepStats
+from minivllm.outputs import RequestMetrics
 
 
 def useful_seqs(step: StepStats) -> int:
@@ -63,3 +67,57 @@ def saturated_throughput(stats: EngineStats) -> float:
     steps = [s for s in stats.steps if s.num_waiting > 0]
     busy = sum(s.duration for s in steps)
     return sum(s.num_decode_tokens for s in steps) / busy if busy else float("nan")
+
+
+# --- per-request figures: percentiles and throughput of one class of requests -------------------
+REQUEST_METRICS = ("ttft", "tpot", "e2e_latency", "num_preemptions", "num_output_tokens")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (``0 <= q <= 100``) of ``values``, interpolating linearly between
+    the two nearest ranks (numpy's default), so ``percentile(x, 50)`` is the median. NaN for no
+    values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def finished_requests(stats: EngineStats, prefix: str = "") -> dict[str, RequestMetrics]:
+    """The finished requests whose id starts with ``prefix`` (a trace's items are named
+    ``"<kind>-<i>"``: ``prefix="chat"`` selects the chat requests of a mixed trace)."""
+    return {
+        rid: m for rid, m in stats.requests.items() if rid.startswith(prefix) and m.finished_time is not None
+    }
+
+
+def request_percentiles(
+    stats: EngineStats, metric: str = "ttft", prefix: str = "", qs: Sequence[float] = (50, 90, 99)
+) -> dict[float, float]:
+    """``{q: q-th percentile}`` of a per-request ``metric`` (one of :data:`REQUEST_METRICS`)
+    over the finished requests whose id starts with ``prefix``.
+
+    Percentiles, not means, because a server is judged by its slow requests: a chat user whose
+    first token takes a minute does not care that the mean was 0.2 s.
+    """
+    if metric not in REQUEST_METRICS:
+        raise ValueError(f"metric must be one of {REQUEST_METRICS}, got {metric!r}")
+    values = [getattr(m, metric) for m in finished_requests(stats, prefix).values()]
+    values = [v for v in values if v is not None]
+    return {q: percentile(values, q) for q in qs}
+
+
+def class_throughput(stats: EngineStats, prefix: str = "") -> float:
+    """Output tokens per second of the requests whose id starts with ``prefix``: their tokens
+    over the span from the first one's arrival to the last one's finish (the rate at which the
+    server got through that class of work). NaN if none finished."""
+    done = finished_requests(stats, prefix).values()
+    if not done:
+        return math.nan
+    span = max(m.finished_time for m in done) - min(m.arrival_time for m in done)
+    return sum(m.num_output_tokens for m in done) / span if span > 0 else math.nan

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from minivllm.metrics import EngineStats, StepStats
-from minivllm.sim.analysis import decode_only_steps, useful_seqs
+from minivllm.sim.analysis import decode_only_steps, finished_requests, useful_seqs
 
 
 def _runs(stats: EngineStats | Mapping[str, EngineStats]) -> dict[str, EngineStats]:
@@ -149,5 +149,36 @@ def plot_throughput_roofline(
     ax.set_ylabel("output tokens / s")
     ax.set_title("Decode throughput vs batch size")
     ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency_cdf(
+    stats: EngineStats | Mapping[str, EngineStats],
+    metric: str = "ttft",
+    prefix: str = "",
+    percentiles: Sequence[float] = (90, 99),
+) -> Figure:
+    """Share of requests (those whose id starts with ``prefix``) served within a time, one
+    curve per run: a curve further left is faster. The x axis is logarithmic (a millisecond
+    and a minute on one picture); dotted lines mark the ``percentiles``' heights."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, run in _runs(stats).items():
+        values = sorted(
+            v for m in finished_requests(run, prefix).values() if (v := getattr(m, metric)) is not None
+        )
+        if values:
+            shares = [(i + 1) / len(values) for i in range(len(values))]
+            ax.step(values, shares, where="post", label=f"{label} ({len(values)} requests)")
+    for q in percentiles:
+        ax.axhline(q / 100, color="grey", linewidth=0.8, linestyle=":")
+        ax.annotate(f"p{q:g}", (1.0, q / 100), xycoords=("axes fraction", "data"), fontsize=7,
+                    xytext=(2, -3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f"{metric} (s, log scale)")
+    ax.set_ylabel(f"share of {prefix or 'all'} requests")
+    ax.set_title(f"{metric} distribution" + (f" of {prefix} requests" if prefix else ""))
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig

@@ -271,9 +271,23 @@ def test_ragged_plan_is_built_once_per_step():
     plan = step.meta.backend_cache["torch_ragged"]
     backend.forward(step.query, step.key, step.value, step.k_cache, step.v_cache, step.meta, step.scale)
     assert step.meta.backend_cache["torch_ragged"] is plan
-    assert len(plan.prefills) == 4 and plan.decode.token_rows.tolist() == [0, 18, 24, 58]
-    # the decode rows gather blocks up to the longest *decode* context (64 tokens), no further
-    assert plan.decode.key_bias.shape[-1] == 64
+    assert len(plan.prefills) == 4
+    # decode contexts 41, 16, 1, 64 tokens (rows 0, 18, 24, 58): buckets within a factor of 2,
+    # each gathering blocks up to its own longest context, not the step's longest
+    assert [b.token_rows.tolist() for b in plan.decode] == [[24], [18], [0, 58]]
+    assert [b.key_bias.shape[-1] for b in plan.decode] == [16, 16, 64]
+
+
+def test_length_buckets_bound_the_padding():
+    from minivllm.attention.torch_ref import length_buckets
+
+    lengths = [300, 5, 800, 40, 41, 90, 7, 160, 1, 640]
+    buckets = length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    for b in buckets:
+        lens = [lengths[i] for i in b]
+        assert max(lens) <= 2 * min(lens) and lens == sorted(lens)
+    assert length_buckets([]) == [] and length_buckets([7, 7, 7]) == [[0, 1, 2]]
 
 
 def test_ragged_rejects_inconsistent_lengths():
