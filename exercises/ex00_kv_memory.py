@@ -36,21 +36,18 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     means ``hidden_size // num_attention_heads``). ``dtype`` is a key of ``DTYPE_BYTES``;
     raise ``ValueError`` for any other.
     """
-    # HINT: K and V (2) x layers x KV heads x head_dim x bytes per number. Read num_key_value_heads
-    #   and head_dim with a fallback when they are missing; look the dtype up in DTYPE_BYTES.
-    raise NotImplementedError('ex00 kv_bytes_per_token: K and V (2) x layers x KV heads x head_dim x bytes per number. Read num_key_value_heads and head_dim with a fallback when they are missing; look the dtype up in DTYPE_BYTES. (see notebooks/00_setup_and_tour.ipynb)')
+    # HINT: what does one token leave behind in one layer? Then in all of them.
+    raise NotImplementedError('ex00 kv_bytes_per_token: what does one token leave behind in one layer? Then in all of them. (see notebooks/00_setup_and_tour.ipynb)')
 
 
 def kv_bytes_per_sequence(config: dict, dtype: str, num_tokens: int, block_size: int | None = None) -> int:
     """Bytes of cache one sequence of ``num_tokens`` tokens occupies.
 
     Without ``block_size`` the cache stores exactly ``num_tokens`` tokens. With it, the cache
-    hands out whole blocks of ``block_size`` tokens (as a paged cache does), so the count
-    rounds up to the next multiple of ``block_size``. Zero tokens take zero bytes.
+    hands out memory in whole blocks of ``block_size`` token slots, as a paged cache does.
     """
-    # HINT: kv_bytes_per_token times the number of token slots held; with a block size,
-    #   round num_tokens up to whole blocks first (ceil division, no floats needed).
-    raise NotImplementedError('ex00 kv_bytes_per_sequence: kv_bytes_per_token times the number of token slots held; with a block size, round num_tokens up to whole blocks first (ceil division, no floats needed). (see notebooks/00_setup_and_tour.ipynb)')
+    # HINT: a paged cache cannot hand out part of a block.
+    raise NotImplementedError('ex00 kv_bytes_per_sequence: a paged cache cannot hand out part of a block. (see notebooks/00_setup_and_tour.ipynb)')
 
 
 def decode_intensity(batch_size: int, num_params: float, weight_bytes: float, kv_bytes_per_seq: float = 0) -> float:
@@ -61,8 +58,8 @@ def decode_intensity(batch_size: int, num_params: float, weight_bytes: float, kv
     as the weights read once for the whole batch (``num_params * weight_bytes``) plus each
     sequence's KV cache read once (``kv_bytes_per_seq`` per sequence).
     """
-    # HINT: FLOPs grow with the batch; the weight bytes do not; the KV bytes do.
-    raise NotImplementedError('ex00 decode_intensity: FLOPs grow with the batch; the weight bytes do not; the KV bytes do. (see notebooks/00_setup_and_tour.ipynb)')
+    # HINT: which of these costs grow with the batch, and which are paid once per step?
+    raise NotImplementedError('ex00 decode_intensity: which of these costs grow with the batch, and which are paid once per step? (see notebooks/00_setup_and_tour.ipynb)')
 
 
 def crossover_batch(
@@ -75,11 +72,8 @@ def crossover_batch(
     """The smallest batch size at which a decode step is compute-bound, or ``None`` if none is.
 
     A step is compute-bound when its intensity (:func:`decode_intensity`) reaches the
-    hardware's ridge point ``peak_flops / hbm_bandwidth`` (reaching it exactly counts). When
-    every sequence brings its own KV bytes, the intensity levels off below ``2 * num_params /
-    kv_bytes_per_seq`` however large the batch; if that ceiling is not above the ridge, return
-    ``None``.
+    hardware's ridge point ``peak_flops / hbm_bandwidth`` (reaching it exactly counts). Return
+    ``None`` if no batch size, however large, reaches it.
     """
-    # HINT: solve 2*P*B / (P*w + B*kv) >= ridge for B. Collect the B terms: B * (2P - ridge*kv)
-    #   >= ridge*P*w. If (2P - ridge*kv) <= 0 there is no answer; else round the quotient up.
-    raise NotImplementedError('ex00 crossover_batch: solve 2*P*B / (P*w + B*kv) >= ridge for B. Collect the B terms: B * (2P - ridge*kv) >= ridge*P*w. If (2P - ridge*kv) <= 0 there is no answer; else round the quotient up. (see notebooks/00_setup_and_tour.ipynb)')
+    # HINT: find B from the condition itself (no search over every batch size needed).
+    raise NotImplementedError('ex00 crossover_batch: find B from the condition itself (no search over every batch size needed). (see notebooks/00_setup_and_tour.ipynb)')

@@ -1,53 +1,52 @@
 # This file is generated from solutions/ex01_static_waste.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
 # `minivllm grade ex01` or `pytest -m ex01`.
-"""Exercise 01: what static batching throws away.
+"""Exercise 01: the books of a static batcher, over a whole trace.
 
 Notebook: notebooks/01_static_batching.ipynb. Check your work with
 ``course.check(course.load("ex01_static_waste"))`` there, or ``pytest -m ex01``.
 
-A static batch pads every prompt to the longest one and then decodes in lock step until the
-longest response is done. Both habits burn compute on tokens nobody asked for. These three
-functions put numbers on that waste; they take plain lists of lengths (in tokens).
+minivllm's ``StaticBatchScheduler`` (``LLM(scheduler="static")``) serves requests the way a
+training loop would: it takes the next ``batch_size`` requests, computes all their prompts in
+one forward pass -- each prompt padded with filler tokens to the longest prompt of *its*
+batch -- and that pass gives every member its first output token; then it decodes the batch in
+lock step, one row per member per step, until the member with the longest response has all its
+tokens. A member that is done keeps its seat: its row is still computed, and thrown away. Only
+then does the next batch start. The KV cache is assumed large enough for every batch.
+
+You predict, from the lengths alone, what that costs: how many forward passes, and how many
+rows of them do what. A *row* is one token position of one sequence in one forward pass; the
+checks compare your books with what minivllm's static scheduler really computes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 NOTEBOOK = "notebooks/01_static_batching.ipynb"
 
 
-def padded_prefill_fraction(prompt_lens: list[int]) -> float:
-    """Fraction of a padded prefill's token positions that hold a real prompt token.
+@dataclass
+class StaticAccount:
+    """Rows computed by a static batcher, by what they were for."""
 
-    The batch computes ``len(prompt_lens) * max(prompt_lens)`` positions; only
-    ``sum(prompt_lens)`` of them are real. Raise ``ValueError`` for an empty batch or a prompt
-    shorter than one token.
+    num_steps: int = 0  # forward passes, prefill and decode
+    prompt_rows: int = 0  # rows of real prompt tokens (in prefill passes)
+    padding_rows: int = 0  # rows of filler tokens that pad prompts (in prefill passes)
+    decode_rows: int = 0  # rows that produce a wanted token in decode passes
+    idle_rows: int = 0  # rows of members that are already done (in decode passes)
+
+    @property
+    def total_rows(self) -> int:
+        return self.prompt_rows + self.padding_rows + self.decode_rows + self.idle_rows
+
+
+def account_static(prompt_lens: list[int], output_lens: list[int], batch_size: int) -> StaticAccount:
+    """The :class:`StaticAccount` of serving requests ``0, 1, 2, ...`` (prompt ``prompt_lens[i]``
+    tokens, response ``output_lens[i]`` tokens) with static batches of up to ``batch_size``.
+
+    An empty trace costs nothing. Raise ``ValueError`` (naming the value) for ``batch_size < 1``,
+    lists of different lengths, a prompt shorter than one token, or a response shorter than one.
     """
-    # HINT: real tokens / (batch size x longest prompt). Check the inputs first.
-    raise NotImplementedError('ex01 padded_prefill_fraction: real tokens / (batch size x longest prompt). Check the inputs first. (see notebooks/01_static_batching.ipynb)')
-
-
-def idle_slot_steps(output_lens: list[int]) -> int:
-    """Slot-steps a lock-step decode spends on requests that have already finished.
-
-    Every member of the batch keeps its seat until the longest response is done, and a
-    finished member's seat is computed (and thrown away) at every step. ``output_lens[i]`` is
-    how many tokens request ``i`` generates. An empty batch wastes nothing.
-    """
-    # HINT: request i sits idle for (longest response - its own response) steps; add them up.
-    #   max() of an empty list fails: handle it.
-    raise NotImplementedError('ex01 idle_slot_steps: request i sits idle for (longest response - its own response) steps; add them up. max() of an empty list fails: handle it. (see notebooks/01_static_batching.ipynb)')
-
-
-def static_batch_efficiency(output_lens: list[int], batch_size: int) -> float:
-    """Fraction of decode slot-steps that produce a wanted token when a whole trace is served
-    by static batching: ``B_eff / B``.
-
-    Requests are served in order, ``batch_size`` at a time (the last batch may be smaller).
-    Each batch runs for as many steps as its longest response and occupies all
-    ``batch_size`` seats of the server for that long, whether the seats are filled or not.
-    Raise ``ValueError`` for an empty trace or ``batch_size < 1``.
-    """
-    # HINT: wanted tokens = sum(output_lens). Seat-steps paid = batch_size x the sum, over the
-    #   consecutive batches, of each batch's longest response.
-    raise NotImplementedError("ex01 static_batch_efficiency: wanted tokens = sum(output_lens). Seat-steps paid = batch_size x the sum, over the consecutive batches, of each batch's longest response. (see notebooks/01_static_batching.ipynb)")
+    # HINT: walk the trace batch by batch; which member decides how long a batch lasts?
+    raise NotImplementedError('ex01 account_static: walk the trace batch by batch; which member decides how long a batch lasts? (see notebooks/01_static_batching.ipynb)')

@@ -33,8 +33,7 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     means ``hidden_size // num_attention_heads``). ``dtype`` is a key of ``DTYPE_BYTES``;
     raise ``ValueError`` for any other.
     """
-    # HINT: K and V (2) x layers x KV heads x head_dim x bytes per number. Read num_key_value_heads
-    #   and head_dim with a fallback when they are missing; look the dtype up in DTYPE_BYTES.
+    # HINT: what does one token leave behind in one layer? Then in all of them.
     # BEGIN SOLUTION
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown KV dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
@@ -50,11 +49,9 @@ def kv_bytes_per_sequence(config: dict, dtype: str, num_tokens: int, block_size:
     """Bytes of cache one sequence of ``num_tokens`` tokens occupies.
 
     Without ``block_size`` the cache stores exactly ``num_tokens`` tokens. With it, the cache
-    hands out whole blocks of ``block_size`` tokens (as a paged cache does), so the count
-    rounds up to the next multiple of ``block_size``. Zero tokens take zero bytes.
+    hands out memory in whole blocks of ``block_size`` token slots, as a paged cache does.
     """
-    # HINT: kv_bytes_per_token times the number of token slots held; with a block size,
-    #   round num_tokens up to whole blocks first (ceil division, no floats needed).
+    # HINT: a paged cache cannot hand out part of a block.
     # BEGIN SOLUTION
     slots = num_tokens
     if block_size is not None:
@@ -71,7 +68,7 @@ def decode_intensity(batch_size: int, num_params: float, weight_bytes: float, kv
     as the weights read once for the whole batch (``num_params * weight_bytes``) plus each
     sequence's KV cache read once (``kv_bytes_per_seq`` per sequence).
     """
-    # HINT: FLOPs grow with the batch; the weight bytes do not; the KV bytes do.
+    # HINT: which of these costs grow with the batch, and which are paid once per step?
     # BEGIN SOLUTION
     flops = 2 * num_params * batch_size
     moved = num_params * weight_bytes + batch_size * kv_bytes_per_seq
@@ -89,13 +86,10 @@ def crossover_batch(
     """The smallest batch size at which a decode step is compute-bound, or ``None`` if none is.
 
     A step is compute-bound when its intensity (:func:`decode_intensity`) reaches the
-    hardware's ridge point ``peak_flops / hbm_bandwidth`` (reaching it exactly counts). When
-    every sequence brings its own KV bytes, the intensity levels off below ``2 * num_params /
-    kv_bytes_per_seq`` however large the batch; if that ceiling is not above the ridge, return
-    ``None``.
+    hardware's ridge point ``peak_flops / hbm_bandwidth`` (reaching it exactly counts). Return
+    ``None`` if no batch size, however large, reaches it.
     """
-    # HINT: solve 2*P*B / (P*w + B*kv) >= ridge for B. Collect the B terms: B * (2P - ridge*kv)
-    #   >= ridge*P*w. If (2P - ridge*kv) <= 0 there is no answer; else round the quotient up.
+    # HINT: find B from the condition itself (no search over every batch size needed).
     # BEGIN SOLUTION
     ridge = peak_flops / hbm_bandwidth
     slope = 2 * num_params - ridge * kv_bytes_per_seq

@@ -1,124 +1,95 @@
-"""Exercise 02: the three moves of an iteration-level scheduler (admit, decode, retire).
+"""Exercise 02: a continuous-batching scheduler that serves the model.
 
 Notebook: notebooks/02_continuous_batching.ipynb. Check your work with
 ``course.check(course.load("ex02_continuous"))`` there, or ``pytest -m ex02``.
 
-``ContinuousScheduler.step()`` below is the whole serving loop of one iteration; you write the
-three methods it calls. The check runs your scheduler and minivllm's real ``Scheduler`` on the
-same request traces, step by step, and compares which requests each one puts in the batch, with
-how many tokens, and which requests leave.
+``ContinuousScheduler`` meets minivllm's ``Scheduler`` protocol, so once it passes the checks it
+plugs straight into the engine: ``LLM(scheduler=ex.ContinuousScheduler,
+enable_chunked_prefill=False)``. The queues, lookups and aborts are done for you by
+``minivllm.course.scheduling.SchedulerBase`` (read it: ``self.waiting``, ``self.running``,
+``self.requests``, ``self.kv``, ``self.config`` and the helper ``self.add_to_batch``). You write
+the two methods that make it a scheduler:
 
-The rules (they are the rules of ``minivllm.core.scheduler.Scheduler`` with chunked prefill
-off and a KV cache large enough never to fill):
+* ``schedule()``: plan one step -- who computes how many tokens;
+* ``update_from_output(sampled)``: after the model ran, take each sampled token and retire the
+  requests that are done.
 
-- each step has a budget of ``max_num_batched_tokens`` tokens;
-- running requests go first, oldest first, one decode token each, while budget is left;
-- then waiting requests are admitted in arrival order while a seat is free
-  (``len(running) < max_num_seqs``) and the budget still covers the *whole* prompt; the first
-  request that does not fit stops admission for this step (no skipping ahead);
-- after the model runs, every request in the batch has one more output token; a request whose
-  output reached ``max_tokens`` leaves the batch at the end of the step.
+What a step must respect:
+
+* at most ``config.max_num_batched_tokens`` tokens computed in the step (the token budget);
+* at most ``config.max_num_seqs`` requests admitted and not yet finished (the seats);
+* a prompt is computed whole, in the step that admits it (no chunks: that is exercise 03);
+* KV room for every token computed, taken from ``self.kv.allocate_slots`` -- its only
+  interface is minivllm's ``KVCacheManager`` protocol;
+* first come, first served.
+
+In this exercise's checks the KV pool is always large enough for every request at once, so
+``allocate_slots`` only fails if something else is wrong; exercise 03 deals with a full pool.
+The checks replay request traces through your scheduler and minivllm's own ``Scheduler``,
+step by step, then serve the tiny model with both and compare the tokens.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.course.scheduling import SchedulerBase
+from minivllm.request import Request, RequestStatus
 
 NOTEBOOK = "notebooks/02_continuous_batching.ipynb"
 
 
-@dataclass
-class Seq:
-    """A request as this scheduler sees it: only lengths, no token ids."""
+class ContinuousScheduler(SchedulerBase):
+    """Iteration-level scheduling, whole prompts, first come first served."""
 
-    request_id: str
-    prompt_len: int
-    max_tokens: int  # the request ends once it has generated this many tokens
-    num_computed: int = 0  # tokens whose K/V are in the cache
-    num_output: int = 0  # tokens generated so far
+    chunked_prefill = False
 
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.num_output
-
-
-@dataclass
-class StepResult:
-    batch: list[tuple[str, int]]  # (request_id, tokens computed this step), in batch order
-    finished: list[str]  # requests that left the batch at the end of the step, in batch order
-
-
-class ContinuousScheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int):
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Seq] = deque()  # arrival order
-        self.running: list[Seq] = []  # admission order (oldest first)
-
-    def add_request(self, seq: Seq) -> None:
-        self.waiting.append(seq)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def step(self) -> StepResult:
-        """One iteration: decode the running, admit the waiting, run the model, retire."""
-        budget = self.max_num_batched_tokens
-        decodes, budget = self.schedule_decodes(budget)
-        admitted = self.admit(budget)
-        batch = decodes + admitted
-        for seq, num_new in batch:  # the model runs: K/V written, one token sampled each
-            seq.num_computed += num_new
-            seq.num_output += 1
-        finished = self.retire()
-        return StepResult([(s.request_id, n) for s, n in batch], [s.request_id for s in finished])
-
-    def schedule_decodes(self, budget: int) -> tuple[list[tuple[Seq, int]], int]:
-        """Give every running request one token, oldest first, while ``budget`` lasts.
-
-        Returns ``([(seq, 1), ...], budget_left)``. Requests beyond the budget are skipped for
-        this step (they stay in ``self.running``). Do not change any ``Seq`` here.
-        """
-        # HINT: walk self.running in order; stop when the budget is 0; each decode costs 1.
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step and return it (every request's share recorded with
+        ``self.add_to_batch``). Requests admitted this step move from ``self.waiting`` to the
+        end of ``self.running`` with status ``RUNNING``."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # HINT: first everyone already running, then newcomers, all paid from one budget.
         # BEGIN SOLUTION
-        decodes = []
-        for seq in self.running:
-            if budget == 0:
-                break
-            decodes.append((seq, 1))
+        for req in self.running:  # decode: one token each, oldest first
+            block_ids = self.kv.allocate_slots(req, 1)
+            if block_ids is None:
+                raise RuntimeError(f"no KV room for {req.request_id}'s next token (exercise 03 preempts)")
+            self.add_to_batch(out, req, 1, block_ids)
             budget -= 1
-        return decodes, budget
-        # END SOLUTION
-
-    def admit(self, budget: int) -> list[tuple[Seq, int]]:
-        """Move waiting requests into ``self.running`` while a seat is free and ``budget``
-        covers the whole prompt; return ``[(seq, prompt_len), ...]`` in admission order.
-
-        Stop at the first waiting request that does not fit (first come, first served).
-        """
-        # HINT: keep going while someone waits and a seat is free. Look at the oldest waiting
-        #   request without removing it; if its prompt does not fit the budget, stop; else move
-        #   it to the running list and pay for its prompt.
-        # BEGIN SOLUTION
-        admitted = []
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if seq.prompt_len > budget:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:  # admit
+            req = self.waiting[0]
+            if req.num_tokens > budget:
+                break  # first come, first served: nobody overtakes the head of the queue
+            block_ids = self.kv.allocate_slots(req, req.num_tokens)
+            if block_ids is None:
                 break
             self.waiting.popleft()
-            self.running.append(seq)
-            admitted.append((seq, seq.prompt_len))
-            budget -= seq.prompt_len
-        return admitted
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self.add_to_batch(out, req, req.num_tokens, block_ids)
+            budget -= req.num_tokens
         # END SOLUTION
+        return out
 
-    def retire(self) -> list[Seq]:
-        """Remove every running request whose ``num_output`` reached ``max_tokens``; return
-        them in running order. The ones that stay keep their order."""
-        # HINT: split self.running into done and not done, keeping the order of both.
+    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
+        """The step ran: ``sampled_token_ids`` maps request id -> the token it sampled. Append
+        each token to its request, end the requests that must stop (``req.check_stop(token,
+        self.config.max_model_len)`` returns the status to finish with, or ``None``), free their
+        KV blocks, and return them. The others keep their order in ``self.running``."""
+        # HINT: a finished request leaves every structure that knows it and gives its memory back.
         # BEGIN SOLUTION
-        done = [s for s in self.running if s.num_output >= s.max_tokens]
-        self.running = [s for s in self.running if s.num_output < s.max_tokens]
-        return done
+        finished = []
+        for rid, token in sampled_token_ids.items():
+            req = self.requests[rid]
+            req.all_token_ids.append(token)
+            status = req.check_stop(token, self.config.max_model_len)
+            if status is not None:
+                req.status = status
+                finished.append(req)
+        for req in finished:
+            self.running.remove(req)
+            self.kv.free(req)
+            del self.requests[req.request_id]
+        return finished
         # END SOLUTION

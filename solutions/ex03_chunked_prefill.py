@@ -1,88 +1,91 @@
-"""Exercise 03: plan one step's tokens under a budget, cutting long prompts into chunks.
+"""Exercise 03: chunked prefill and preemption, added to your exercise-02 scheduler.
 
 Notebook: notebooks/03_chunked_prefill.ipynb. Check your work with
 ``course.check(course.load("ex03_chunked_prefill"))`` there, or ``pytest -m ex03``.
 
-With chunked prefill a request does not need its whole prompt computed in one step. Every
-step has a token budget; decodes take one token each, and whatever budget is left goes to
-prompts, a slice at a time. The check compares your plans with the decisions of minivllm's
-real ``Scheduler`` (chunked prefill on) on random traces, and with hand-made edge cases.
+``ChunkedScheduler`` *is* your ``ContinuousScheduler`` from exercise 02 -- or, until yours
+passes its checks, the reference one (``course.working`` below says which) -- with your
+``update_from_output`` kept and ``schedule()`` replaced. What changes:
+
+* **chunks.** A prompt no longer has to fit the budget whole. Each step, a request gets as
+  many of the tokens it still has to compute as the budget left allows. A request whose
+  prompt is unfinished is admitted all the same, stays running, and samples nothing until the
+  step that computes its last prompt token.
+* **a full KV pool.** ``self.kv.allocate_slots`` returns ``None`` when the pool cannot hold a
+  running request's next tokens. Then a running request must give its memory back
+  (``self.preempt(victim, out)`` in ``SchedulerBase``): under first come, first served that is
+  the newest one, which has done the least work -- possibly the very request that needs room.
+  Preempt until the request fits or is itself the victim. A step that preempted admits nobody:
+  memory is what is short.
+
+Everything else -- the budget, the seats, first come first served -- is as in exercise 02.
+The checks replay traces through your scheduler and through minivllm's
+``Scheduler(enable_chunked_prefill=True)`` -- with pools small enough to force preemptions --
+then serve the tiny model with both and compare tokens. Plug it in with
+``LLM(scheduler=ex.ChunkedScheduler)`` (chunked prefill is the engine's default).
 """
 
 from __future__ import annotations
 
+from minivllm import course
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.request import RequestStatus
+
 NOTEBOOK = "notebooks/03_chunked_prefill.ipynb"
 
-
-def split_into_chunks(num_tokens: int, chunk_size: int) -> list[int]:
-    """Cut a prompt of ``num_tokens`` tokens into chunks of at most ``chunk_size``, front to
-    back: ``split_into_chunks(10, 4) == [4, 4, 2]``. Zero tokens give ``[]``. Raise
-    ``ValueError`` if ``chunk_size < 1``."""
-    # HINT: full chunks first, then the remainder if there is one.
-    # BEGIN SOLUTION
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    full, rest = divmod(num_tokens, chunk_size)
-    return [chunk_size] * full + ([rest] if rest else [])
-    # END SOLUTION
+ContinuousScheduler = course.working("ex02_continuous").ContinuousScheduler  # your exercise 02
 
 
-def plan_step(
-    running: list[tuple[str, int]],
-    waiting: list[tuple[str, int]],
-    token_budget: int,
-    max_num_seqs: int,
-    chunk_size: int | None = None,
-) -> list[tuple[str, int]]:
-    """Decide how many tokens each request computes in this step.
+class ChunkedScheduler(ContinuousScheduler):
+    """Your exercise-02 scheduler, with chunked prefill and preemption by recomputation."""
 
-    ``running``: ``(request_id, tokens_left)`` for requests already in the batch, oldest
-    first. ``tokens_left`` is 1 for a request that is decoding and the uncomputed rest of the
-    prompt for one whose prefill is still in progress.
-    ``waiting``: ``(request_id, prompt_len)`` in arrival order.
+    chunked_prefill = True
 
-    Rules (vLLM's): running requests first, in order, each getting
-    ``min(tokens_left, budget_left, chunk_size)`` tokens; then waiting requests in order,
-    each admitted while budget is left and the batch has fewer than ``max_num_seqs``
-    requests (running ones count), getting ``min(prompt_len, budget_left, chunk_size)``.
-    ``chunk_size=None`` means no cap beyond the budget. Stop as soon as the budget is spent.
-
-    Returns ``[(request_id, num_tokens), ...]`` in that order, only for requests that got at
-    least one token.
-    """
-    # HINT: keep budget_left; one loop over running, then one over waiting that also checks
-    #   the seat count (len(running) + number admitted so far < max_num_seqs).
-    # BEGIN SOLUTION
-    cap = chunk_size if chunk_size is not None else token_budget
-    budget = token_budget
-    plan = []
-    for rid, left in running:
-        if budget <= 0:
-            break
-        n = min(left, budget, cap)
-        plan.append((rid, n))
-        budget -= n
-    seats = len(running)
-    for rid, prompt_len in waiting:
-        if budget <= 0 or seats >= max_num_seqs:
-            break
-        n = min(prompt_len, budget, cap)
-        plan.append((rid, n))
-        budget -= n
-        seats += 1
-    return plan
-    # END SOLUTION
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step, as in exercise 02, under the two new rules above."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # HINT: start from your exercise-02 schedule(); what changes when a prompt may be cut?
+        # BEGIN SOLUTION
+        for req in list(self.running):  # a copy: preemption edits the list
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            block_ids = self.kv.allocate_slots(req, num_new)
+            while block_ids is None:
+                victim = self.running[-1]  # the newest running request
+                budget += self.preempt(victim, out)
+                if victim is req:
+                    break
+                block_ids = self.kv.allocate_slots(req, num_new)
+            if block_ids is None:
+                continue
+            self.add_to_batch(out, req, num_new, block_ids)
+            budget -= num_new
+        if out.preempted:
+            return out  # memory is short: admit nobody this step
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            num_new = min(req.num_tokens, budget)
+            block_ids = self.kv.allocate_slots(req, num_new)
+            if block_ids is None:
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self.add_to_batch(out, req, num_new, block_ids)
+            budget -= num_new
+        # END SOLUTION
+        return out
 
 
 def steps_to_first_token(prompt_len: int, token_budget: int, num_decoding: int) -> int | None:
-    """How many steps a newly admitted prompt of ``prompt_len`` tokens needs before its first
-    output token, when ``num_decoding`` other requests decode every step (each taking one
-    token of the budget first) and the prompt gets the rest of the budget.
-
-    The first token is sampled in the step that computes the prompt's last chunk. Return
-    ``None`` if the decodes leave no budget for the prompt at all.
-    """
-    # HINT: per step the prompt gets token_budget - num_decoding tokens; ceil-divide.
+    """Steps a newly admitted prompt of ``prompt_len`` tokens needs until its first output token,
+    when ``num_decoding`` older requests decode in every one of those steps (none finishes) and
+    the pool never fills. ``None`` if the prompt would never get a token of the budget."""
+    # HINT: what share of each step's budget is left for this prompt?
     # BEGIN SOLUTION
     per_step = token_budget - num_decoding
     if per_step <= 0:

@@ -4,6 +4,7 @@ themselves (every stub must fail them, plausible wrong answers must fail them)."
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -162,17 +163,61 @@ MUTANTS = [
     ("ex00_kv_memory", "return 2 * layers * kv_heads", "return layers * kv_heads"),
     ("ex00_kv_memory", "if slope <= 0:", "if slope < 0:"),
     ("ex00_kv_memory", "-(-num_tokens // block_size) * block_size", "num_tokens // block_size * block_size"),
-    ("ex01_static_waste", "max(output_lens, default=0)", "max(output_lens)"),
-    ("ex01_static_waste", "(batch_size * steps)", "(min(batch_size, len(output_lens)) * steps)"),
-    ("ex01_static_waste", "if min(prompt_lens) < 1:", "if min(prompt_lens) < 0:"),
-    ("ex02_continuous", "if seq.prompt_len > budget:", "if seq.prompt_len >= budget:"),
-    ("ex02_continuous", "for seq in self.running:\n            if budget == 0:", "for seq in reversed(self.running):\n            if budget == 0:"),
-    ("ex02_continuous", "if seq.prompt_len > budget:\n                break", "if seq.prompt_len > budget:\n                self.waiting.rotate(-1)\n                break"),
-    ("ex02_continuous", "s.num_output >= s.max_tokens]", "s.num_output > s.max_tokens]"),
-    ("ex03_chunked_prefill", "seats = len(running)", "seats = 0"),
-    ("ex03_chunked_prefill", "cap = chunk_size if chunk_size is not None else token_budget", "cap = token_budget"),
-    ("ex03_chunked_prefill", "return [chunk_size] * full + ([rest] if rest else [])", "return [chunk_size] * full + [rest]"),
+    # every query head counted as if it had its own K and V (GQA ignored)
+    ("ex00_kv_memory", "return 2 * layers * kv_heads", "return 2 * layers * heads"),
+    # a multiply-add counted as one FLOP
+    ("ex00_kv_memory", "flops = 2 * num_params * batch_size", "flops = num_params * batch_size"),
+    # reaching the ridge exactly not counted as compute-bound
+    ("ex00_kv_memory", "while decode_intensity(batch, num_params, weight_bytes, kv_bytes_per_seq) < ridge:",
+     "while decode_intensity(batch, num_params, weight_bytes, kv_bytes_per_seq) <= ridge:"),
+    # ex01: one step too many per batch (the prefill's first token forgotten)
+    ("ex01_static_waste", "acc.num_steps += longest_out", "acc.num_steps += longest_out + 1"),
+    # the prefill's token counted again in decode
+    ("ex01_static_waste", "acc.decode_rows += sum(n - 1 for n in outs)", "acc.decode_rows += sum(outs)"),
+    # every prompt padded to the longest of the whole trace
+    ("ex01_static_waste", "longest_prompt, longest_out = max(prompts), max(outs)",
+     "longest_prompt, longest_out = max(prompt_lens), max(outs)"),
+    # the empty seats of a partial last batch counted as padding / idle rows
+    ("ex01_static_waste", "len(prompts) * longest_prompt", "batch_size * longest_prompt"),
+    ("ex01_static_waste", "acc.idle_rows += sum(longest_out - n for n in outs)",
+     "acc.idle_rows += batch_size * longest_out - sum(outs)"),
+    # the straggler's wait forgotten
+    ("ex01_static_waste", "acc.idle_rows += sum(longest_out - n for n in outs)", "acc.idle_rows += 0"),
+    # no check that the two lists match
+    ("ex01_static_waste", "if len(prompt_lens) != len(output_lens):", "if False:"),
+    ("ex01_static_waste", "if output_lens and min(output_lens) < 1:", "if False:"),
+    # ex02: a prompt that exactly fills the budget refused
+    ("ex02_continuous", "if req.num_tokens > budget:", "if req.num_tokens >= budget:"),
+    # the newest running request decoded first
+    ("ex02_continuous", "for req in self.running:  # decode", "for req in reversed(self.running):  # decode"),
+    # a smaller prompt overtakes the head of the queue
+    ("ex02_continuous", "if req.num_tokens > budget:\n                break",
+     "if req.num_tokens > budget:\n                self.waiting.rotate(-1)\n                break"),
+    # one seat too many
+    ("ex02_continuous", "len(self.running) < self.config.max_num_seqs", "len(self.running) <= self.config.max_num_seqs"),
+    # a finished request keeps its KV blocks
+    ("ex02_continuous", "self.kv.free(req)", "pass"),
+    # a finished request stays in self.requests
+    ("ex02_continuous", "del self.requests[req.request_id]", "pass"),
+    # an admitted request never marked RUNNING
+    ("ex02_continuous", "req.status = RequestStatus.RUNNING", "pass"),
+    # ex03: a request still prefilling gets one token per step, as if it were decoding
+    ("ex03_chunked_prefill", "num_new = min(req.num_tokens - req.num_computed_tokens, budget)", "num_new = 1"),
+    # admission still wants the whole prompt
+    ("ex03_chunked_prefill", "num_new = min(req.num_tokens, budget)", "num_new = req.num_tokens"),
+    # the oldest running request preempted instead of the newest
+    ("ex03_chunked_prefill", "victim = self.running[-1]", "victim = self.running[0]"),
+    # admissions continue in a step that preempted
+    ("ex03_chunked_prefill", "if out.preempted:\n            return out", "if False:\n            return out"),
+    # a request that preempted itself keeps trying
+    ("ex03_chunked_prefill", "if victim is req:\n                    break", "if victim is req:\n                    pass"),
+    # a request preempted earlier in the step scheduled anyway
+    ("ex03_chunked_prefill", "if req.status is not RequestStatus.RUNNING:\n                continue",
+     "if False:\n                continue"),
+    # steps_to_first_token ignoring the decodes (passed every case before (1000, 100, 50) -> 20)
+    ("ex03_chunked_prefill", "per_step = token_budget - num_decoding", "per_step = token_budget"),
     ("ex03_chunked_prefill", "if per_step <= 0:", "if per_step < 0:"),
+    ("ex03_chunked_prefill", "return -(-prompt_len // per_step)", "return prompt_len // per_step"),
     # ex10: the roofline's plausible slips, one per mutant
     ("ex10_costs", "kv_read = batch_size * (context_len + 1) * kv", "kv_read = 0"),  # KV reads forgotten
     ("ex10_costs", "kv_written = batch_size * kv", "kv_written = 0"),  # KV writes forgotten
@@ -331,19 +376,20 @@ def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
 def test_check_prints_a_scoreboard_and_raises(tmp_path, capsys):
     text = (ROOT / "solutions" / "ex01_static_waste.py").read_text()
     path = tmp_path / "ex01_static_waste.py"
-    path.write_text(text.replace("return sum(longest - n for n in output_lens)", "return 0"))
+    path.write_text(text.replace("acc.idle_rows += sum(longest_out - n for n in outs)", "acc.idle_rows += 0"))
     wrong = load_path(path, "ex01_static_waste", "exercises")
     with pytest.raises(course.CheckFailed, match="ex01_static_waste"):
         course.check(wrong)
     out = capsys.readouterr().out
-    assert "✗ fail  idle_slot_steps" in out and "expected 207900, got 0" in out and "hint:" in out
-    assert "✓ pass  padded_prefill_fraction" in out
+    assert "✗ fail  account_static · the chapter's batch" in out and "'idle_rows': 207900" in out
+    assert "hint:" in out
+    assert "✓ pass  account_static · an empty trace" in out
 
 
 def test_check_passes_quietly_on_the_reference(capsys):
     report = course.check(course.load("ex03", solutions=True))
     assert report.passed
-    assert "all 16 checks of ex03_chunked_prefill passed" in capsys.readouterr().out
+    assert f"all {len(course.cases_for('ex03_chunked_prefill'))} checks of ex03_chunked_prefill passed" in capsys.readouterr().out
 
 
 def test_cli_grade_and_make_exercises(capsys):
@@ -386,3 +432,86 @@ def test_working_falls_back_to_the_reference_with_a_notice(capsys):
     ref = course.load("ex00_kv_memory", solutions=True)
     course.check(ref, verbose=False)
     assert course.working(ref) is ref
+
+
+# --- the machinery behind the plug-in exercises ---------------------------------------------------
+def test_protocol_only_kv_refuses_what_the_protocol_does_not_offer():
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.course.scheduling import ProtocolOnlyKV
+
+    kv = ProtocolOnlyKV(KVCacheManager(8, 16, enable_caching=False))
+    assert kv.num_free_blocks == 8 and kv.block_size == 16
+    with pytest.raises(AttributeError, match="'block_pool' is not part of the KVCacheManager protocol"):
+        kv.block_pool  # noqa: B018
+    with pytest.raises(AttributeError, match="must not change"):
+        kv.num_blocks = 4
+
+
+def test_a_scheduler_that_reaches_past_the_protocol_fails_its_check(tmp_path):
+    text = (ROOT / "solutions" / "ex02_continuous.py").read_text()
+    old = "block_ids = self.kv.allocate_slots(req, 1)"
+    assert old in text
+    path = tmp_path / "ex02_continuous.py"
+    path.write_text(text.replace(old, "block_ids = self.kv.allocate_slots(req, 1) if self.kv.block_pool else None"))
+    report = run_cases("ex02_continuous", load_path(path, "ex02_continuous", "mutant"),
+                       course.cases_for("ex02_continuous"), "mutant")
+    assert not report.passed
+    assert any("not part of the KVCacheManager protocol" in r.message for r in report.results)
+
+
+def test_scheduler_base_refuses_the_other_prefill_mode():
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.core.scheduler import SchedulerConfig
+
+    ex02 = course.load("ex02_continuous", solutions=True)
+    ex03 = course.load("ex03_chunked_prefill", solutions=True)
+    with pytest.raises(ValueError, match="computes whole prompts"):
+        ex02.ContinuousScheduler(SchedulerConfig(enable_chunked_prefill=True), KVCacheManager(8, 16))
+    with pytest.raises(ValueError, match="cuts prompts into chunks"):
+        ex03.ChunkedScheduler(SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=4096,
+                                              max_model_len=4096), KVCacheManager(8, 16))
+
+
+def test_ex03_extends_the_working_exercise_02(capsys):
+    """ChunkedScheduler subclasses the ContinuousScheduler of course.working("ex02_continuous"):
+    the student's own once it passes, the reference (with a notice) until then."""
+    ex03 = course.load("ex03_chunked_prefill", solutions=True)
+    base = ex03.ChunkedScheduler.__mro__[1]
+    assert base.__name__ == "ContinuousScheduler" and base is ex03.ContinuousScheduler
+    assert "update_from_output" in vars(base) and "update_from_output" not in vars(ex03.ChunkedScheduler)
+    assert sys.modules[base.__module__].__exercise__ == "ex02_continuous"
+
+
+def test_replay_comparison_reports_the_state_before_the_step():
+    from minivllm.core.scheduler import Scheduler
+    from minivllm.course.reference import StepMismatch, TraceRequest, compare_with_reference
+
+    class LeakyScheduler(Scheduler):  # never frees a finished request's blocks
+        def _release(self, req):
+            self.requests.pop(req.request_id, None)
+
+    trace = [TraceRequest("a", 20, 2), TraceRequest("b", 3, 4, 1)]
+    with pytest.raises(StepMismatch) as err:
+        compare_with_reference(LeakyScheduler, trace, max_num_seqs=2, max_num_batched_tokens=32, label="leak")
+    text = str(err.value)
+    assert "leak: max_num_seqs=2, max_num_batched_tokens=32" in text
+    assert "KV blocks in use after the step" in text and "before step 1: running [('a', 1)]" in text
+    assert text.endswith("(the state before that step is shown above)")
+
+
+def test_the_ex03_scheduler_runs_over_another_kv_cache_manager():
+    """What notebook 08 does: the student's scheduler and a KV cache manager written elsewhere,
+    both plugged into one LLM, give minivllm's own greedy tokens."""
+    from test_plugins import FreeListKV
+
+    from minivllm import LLM, SamplingParams
+
+    ex = course.load("ex03_chunked_prefill", solutions=True)
+    prompts = ["Once upon a time", "The little fox lived in a den at the edge of the forest", "Tom went to"]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    args = dict(max_model_len=96, max_num_batched_tokens=16, enable_prefix_caching=False, dtype="float32")
+    mine = LLM(scheduler=ex.ChunkedScheduler, kv_cache=FreeListKV(num_blocks=6, block_size=16), debug_checks=True, **args)
+    ref = LLM(num_kv_blocks=6, **args)
+    got = [o.outputs[0].token_ids for o in mine.generate(prompts, params, use_tqdm=False)]
+    assert got == [o.outputs[0].token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
+    assert sum(s.num_preemptions for s in mine.stats().steps) > 0  # the small pool made it preempt

@@ -151,6 +151,8 @@ def test_working_remembers_a_verdict_until_an_exercise_file_changes(tmp_path, mo
     course.working("ex01_static_waste")
     assert len(runs) == 1  # the second call reused the verdict
     student = tmp_path / "exercises" / source.name
-    student.write_text(student.read_text().replace("return sum(longest - n for n in output_lens)", "return 0"))
+    right = "acc.idle_rows += sum(longest_out - n for n in outs)"
+    assert right in student.read_text(), "ex01 changed: pick another line to break"
+    student.write_text(student.read_text().replace(right, "acc.idle_rows += 0"))
     assert course.working(course.load("ex01_static_waste", solutions=False)).__course_source__ == "solutions"
     assert len(runs) == 2 and "does not pass its checks yet" in capsys.readouterr().out

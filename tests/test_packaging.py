@@ -18,12 +18,26 @@ def _name(req: str) -> str:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    extras = project["optional-dependencies"]
+    wanted = {r.replace(" ", "") for r in project["dependencies"] + [r for e in extras.values() for r in e]}
     pip_section = re.search(r"- pip:\n((?:\s+- .*\n)+)", (ROOT / "environment.yml").read_text()).group(1)
     listed = {line.strip()[2:].replace(" ", "") for line in pip_section.splitlines()}
     listed.discard("-e.")
     assert {_name(r) for r in listed} == {_name(r) for r in wanted}
     assert listed == wanted, f"version pins differ: {sorted(listed ^ wanted)}"
+
+
+def test_runtime_dependencies_leave_colab_alone_and_dev_installs_everything():
+    """Colab installs the runtime dependencies only (it has torch, triton, ipywidgets 7 and
+    Jupyter); the README's `pip install -e ".[dev]"` must still bring what the tests use."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {_name(r) for r in project["dependencies"]}
+    assert not runtime & {"ipywidgets", "jupyterlab", "nbval", "pytest", "hypothesis", "notebook"}
+    extras = project["optional-dependencies"]
+    assert set(extras["notebooks"]) <= set(extras["dev"])
+    assert {"pytest", "hypothesis", "nbval", "ipywidgets", "ruff"} <= {_name(r) for r in extras["dev"]}
+    widgets = next(r for r in extras["notebooks"] if _name(r) == "ipywidgets")
+    assert widgets.replace(" ", "") == "ipywidgets>=7.6", "Colab ships ipywidgets 7: do not require 8"
 
 
 def test_python_range_agrees():

@@ -41,11 +41,21 @@ def test_idle_static_seats_are_not_useful(runs):
 def test_batch_occupancy(runs):
     fig = plots.plot_batch_occupancy(runs, max_num_seqs=4)
     assert isinstance(fig, Figure)
-    ax = fig.axes[0]
-    assert len(ax.get_lines()) == 2 * len(runs) + 1  # computed + useful per run, and the cap
-    # the x axis starts at the run's first step, wall clock or simulated
-    fig2 = plots.plot_batch_occupancy(engine_like_stats())
-    assert fig2.axes[0].get_lines()[0].get_xdata()[0] == 0.0
+    assert len(fig.axes) == len(runs)  # one panel per run: no run hides under another
+    static, continuous = fig.axes
+    assert static.get_ylim()[0] == 0 and static.get_xlim()[0] == 0
+    # useful work and idle seats for static batching; nothing idle for continuous batching
+    assert len(static.collections) == 2 and len(continuous.collections) == 1
+    labels = [t.get_text() for t in static.get_legend().get_texts()]
+    assert labels == ["sequences doing useful work", "seats computed for nothing", "max_num_seqs = 4"]
+    assert "B_eff" in static.get_title(loc="left")
+    # steps on the x axis by default, the run's clock on request
+    steps = len(runs["static"].steps)
+    assert static.collections[0].get_paths()[0].vertices[:, 0].max() == steps
+    fig2 = plots.plot_batch_occupancy(engine_like_stats(), x="time")
+    assert fig2.axes[0].collections[0].get_paths()[0].vertices[:, 0].min() == 0.0
+    with pytest.raises(ValueError, match="x must be"):
+        plots.plot_batch_occupancy(runs, x="wall")
 
 
 def test_kv_memory_map(runs):

@@ -1,92 +1,31 @@
-"""Small drivers and pictures the Part I notebooks share.
+"""Pictures and printouts the Part I notebooks share, drawn from per-step scheduler decisions.
 
-- :func:`run_batcher` runs a student's ``ContinuousScheduler`` (exercise 02) over a trace,
-  optionally timing every step with the simulator's roofline cost model, so the student's
-  own scheduler "serves" a GPU-scale workload;
-- :func:`lanes` / :func:`plot_lanes` turn any list of per-step batches (from the student's
-  scheduler or from :func:`minivllm.course.reference.run_reference`) into one lane per request:
-  waiting, prefill, decode, done;
+- :func:`lanes` / :func:`plot_lanes` turn the steps of a replay (the student's scheduler or
+  minivllm's, :mod:`minivllm.course.reference`) into one lane per request: waiting, prefill
+  (or recompute after a preemption), decode, done;
+- :func:`budget_split` / :func:`plot_budget` / :func:`describe_step` show how each step's token
+  budget was spent: decode tokens, prompt slices, and what was left over;
 - :func:`plot_static_seats` draws a static batch's seats: useful steps vs idle steps.
+
+Every x axis counts steps, so a picture does not change from one machine to the next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minivllm.course.reference import TraceRequest
 
 WAIT, PREFILL, DECODE, DONE, ABSENT = 1, 3, 2, 0, -1
 
 
-@dataclass
-class BatcherStep:
-    step: int
-    batch: list[tuple[str, int]]
-    finished: list[str]
-    start: float = 0.0  # simulated seconds (0 when no cost model is given)
-    duration: float = 0.0
-
-
-@dataclass
-class BatcherRun:
-    steps: list[BatcherStep] = field(default_factory=list)
-    first_token: dict[str, float] = field(default_factory=dict)  # request -> end of its first step
-    finished_at: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def total_time(self) -> float:
-        return self.steps[-1].start + self.steps[-1].duration if self.steps else 0.0
-
-    def mean_batch(self) -> float:
-        return sum(len(s.batch) for s in self.steps) / len(self.steps) if self.steps else 0.0
-
-
-def run_batcher(
-    ex,
-    trace: Sequence[TraceRequest],
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    cost_model=None,
-    max_steps: int = 1_000_000,
-) -> BatcherRun:
-    """Serve ``trace`` with exercise 02's ``ContinuousScheduler`` from module ``ex``.
-
-    Arrivals are in steps (``TraceRequest.arrival_step``). With a ``cost_model``
-    (:class:`minivllm.sim.CostModel`) each step's duration is what that batch would take on
-    the model's GPU; without one every step lasts 1 (time counts steps).
-    """
-    sched = ex.ContinuousScheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    arrivals = sorted(trace, key=lambda r: r.arrival_step)
-    cached: dict[str, int] = {}
-    run = BatcherRun()
-    clock, nxt = 0.0, 0
-    for t in range(max_steps):
-        while nxt < len(arrivals) and arrivals[nxt].arrival_step <= t:
-            r = arrivals[nxt]
-            sched.add_request(ex.Seq(r.request_id, r.prompt_len, r.output_len))
-            nxt += 1
-        if nxt == len(arrivals) and not sched.has_unfinished():
-            return run
-        res = sched.step()
-        batch = [tuple(x) for x in res.batch]
-        if cost_model is not None:
-            duration = cost_model.step_cost([(cached.get(rid, 0), n, True) for rid, n in batch]).time
-        else:
-            duration = 1.0
-        for rid, n in batch:
-            cached[rid] = cached.get(rid, 0) + n
-            run.first_token.setdefault(rid, clock + duration)
-        for rid in res.finished:
-            run.finished_at[rid] = clock + duration
-        run.steps.append(BatcherStep(t, batch, list(res.finished), clock, duration))
-        clock += duration
-    raise RuntimeError(f"the scheduler did not finish the trace in {max_steps} steps")
-
-
 def lanes(trace: Sequence[TraceRequest], steps: Sequence) -> tuple[list[str], list[list[int]]]:
     """``(request ids, states[request][step])`` with states WAIT / PREFILL / DECODE / DONE /
-    ABSENT (not arrived). ``steps`` items need ``.step``, ``.batch`` and ``.finished``."""
+    ABSENT (not arrived yet). A step computes *decode* for a request when it computes one token
+    after the whole prompt; anything else is prefill (a prompt chunk, or the recomputation of a
+    preempted request). ``steps`` items need ``.step``, ``.batch``, ``.finished`` and, if there
+    were preemptions, ``.preempted``."""
     ids = [r.request_id for r in trace]
     arrival = {r.request_id: r.arrival_step for r in trace}
     prompt = {r.request_id: r.prompt_len for r in trace}
@@ -100,13 +39,16 @@ def lanes(trace: Sequence[TraceRequest], steps: Sequence) -> tuple[list[str], li
             if rid in done:
                 col.append(DONE)
             elif rid in in_batch:
-                col.append(PREFILL if computed[rid] < prompt[rid] else DECODE)
+                decoding = in_batch[rid] == 1 and computed[rid] >= prompt[rid]
+                col.append(DECODE if decoding else PREFILL)
             elif st.step >= arrival[rid]:
                 col.append(WAIT)
             else:
                 col.append(ABSENT)
         for rid, n in in_batch.items():
             computed[rid] += n
+        for rid in getattr(st, "preempted", ()):
+            computed[rid] = 0
         done.update(st.finished)
         grid.append(col)
     states = [[grid[t][i] for t in range(len(grid))] for i in range(len(ids))]
@@ -115,15 +57,15 @@ def lanes(trace: Sequence[TraceRequest], steps: Sequence) -> tuple[list[str], li
 
 def plot_lanes(trace: Sequence[TraceRequest], steps: Sequence, upto: int | None = None, ax=None, title: str = ""):
     """One horizontal lane per request over the steps: grey waiting, dark prefill, light
-    decode, white done. ``upto`` greys out the future (for a slider)."""
+    decode, white done. ``upto`` blanks out the future (for a slider)."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
     ids, states = lanes(trace, steps)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.3 * len(ids) + 1.4))
-    # -1 absent, 0 done, 1 waiting, 2 decode, 3 prefill
+        _, ax = plt.subplots(figsize=(9, 0.3 * len(ids) + 1.6))
+    # grid values: 0 absent, 1 done, 2 waiting, 3 decode, 4 prefill
     cmap = ListedColormap(["#ffffff", "#f4f4f4", "#cfcfcf", "#8ecae6", "#1d3557"])
     grid = [[s + 1 for s in row] for row in states]
     if upto is not None:
@@ -136,11 +78,92 @@ def plot_lanes(trace: Sequence[TraceRequest], steps: Sequence, upto: int | None 
     if upto is not None:
         ax.axvline(upto + 0.5, color="crimson", linewidth=1)
     ax.legend(
-        handles=[Patch(color="#cfcfcf", label="waiting"), Patch(color="#1d3557", label="prefill"),
+        handles=[Patch(color="#cfcfcf", label="waiting"), Patch(color="#1d3557", label="prefill / recompute"),
                  Patch(color="#8ecae6", label="decode")],
-        fontsize=7, loc="upper right", ncols=3,
+        fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=3, frameon=False,
     )
-    ax.set_title(title or "Requests over steps")
+    ax.set_title(title or "Requests over steps", pad=18)
+    return ax
+
+
+@dataclass
+class BudgetSplit:
+    """How one step spent its token budget."""
+
+    step: int
+    decode: list[str]  # requests that computed one token after their prompt
+    prompt: list[tuple[str, int]]  # (request, tokens) of prompt slices and recomputations
+    budget: int
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.decode)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(n for _, n in self.prompt)
+
+    @property
+    def unused(self) -> int:
+        return self.budget - self.decode_tokens - self.prompt_tokens
+
+
+def budget_split(trace: Sequence[TraceRequest], steps: Sequence, budget: int) -> list[BudgetSplit]:
+    """One :class:`BudgetSplit` per step of a replay (same rule as :func:`lanes`)."""
+    prompt = {r.request_id: r.prompt_len for r in trace}
+    computed = dict.fromkeys(prompt, 0)
+    out = []
+    for st in steps:
+        decode, slices = [], []
+        for rid, n in st.batch:
+            if n == 1 and computed[rid] >= prompt[rid]:
+                decode.append(rid)
+            else:
+                slices.append((rid, n))
+            computed[rid] += n
+        for rid in getattr(st, "preempted", ()):
+            computed[rid] = 0
+        out.append(BudgetSplit(st.step, decode, slices, budget))
+    return out
+
+
+def describe_step(split: BudgetSplit) -> str:
+    """``step 7: budget 16 = 3 decode (r0 r1 r2) + 13 prompt (doc 13) + 0 unused``."""
+    decode = f"{split.decode_tokens} decode" + (f" ({' '.join(split.decode)})" if split.decode else "")
+    prompt = f"{split.prompt_tokens} prompt" + (
+        f" ({', '.join(f'{r} {n}' for r, n in split.prompt)})" if split.prompt else "")
+    return f"step {split.step}: budget {split.budget} = {decode} + {prompt} + {split.unused} unused"
+
+
+def plot_budget(trace: Sequence[TraceRequest], steps: Sequence, budget: int, ax=None, title: str = ""):
+    """Stacked bars, one per step: the decode tokens (one per decoding request), then each
+    prompt slice in its request's colour, up to the budget line."""
+    import matplotlib.pyplot as plt
+
+    splits = budget_split(trace, steps, budget)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    colours = plt.get_cmap("tab20").colors
+    colour = {r.request_id: colours[(2 * i + 1) % len(colours)] for i, r in enumerate(trace)}
+    xs = [s.step for s in splits]
+    ax.bar(xs, [s.decode_tokens for s in splits], width=0.8, color="#2a6f97", label="decode tokens")
+    labelled: set[str] = set()
+    for s in splits:
+        bottom = s.decode_tokens
+        for rid, n in s.prompt:
+            label = None if labelled else "prompt tokens (one colour per request)"
+            labelled.add(rid)
+            ax.bar(s.step, n, bottom=bottom, width=0.8, color=colour[rid], edgecolor="white",
+                   linewidth=0.5, label=label)
+            if n >= 0.12 * budget:
+                ax.text(s.step, bottom + n / 2, rid, ha="center", va="center", fontsize=6, rotation=90)
+            bottom += n
+    ax.axhline(budget, color="crimson", linestyle="--", linewidth=1, label=f"budget ({budget} tokens)")
+    ax.set_ylim(0, 1.15 * budget)
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens computed")
+    ax.set_title(title or "How each step spends its token budget", pad=18)
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=3, frameon=False)
     return ax
 
 

@@ -30,29 +30,50 @@ def _times(steps: Sequence[StepStats]) -> list[float]:
 
 
 def plot_batch_occupancy(
-    stats: EngineStats | Mapping[str, EngineStats], max_num_seqs: int | None = None
+    stats: EngineStats | Mapping[str, EngineStats], max_num_seqs: int | None = None, x: str = "step"
 ) -> Figure:
-    """Seats in the batch over time: computed seats (solid) and useful ones (dashed).
+    """Seats in the batch at every step, one panel per run: the sequences doing useful work
+    (filled) and, on top, the seats computed for nothing (hatched: static batching's finished
+    members, whose rows are thrown away). A dashed line marks ``max_num_seqs``.
 
-    Static batching shows saw-teeth: a full batch decays as requests finish while their seats
-    stay computed until the last one ends. Continuous batching stays near the cap while there
-    is work waiting.
+    ``x="step"`` (default) counts steps, so the picture is the same on every machine;
+    ``x="time"`` uses the run's clock (wall clock for the engine, simulated for the simulator).
+    Each panel's title gives ``B_eff``, the mean number of useful sequences per step.
+    Static batching shows one rectangle per batch: full while every member decodes, then as
+    low as its stragglers until the batch ends. Continuous batching stays near the cap while
+    requests are waiting.
     """
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for label, run in _runs(stats).items():
+    if x not in ("step", "time"):
+        raise ValueError(f"x must be 'step' or 'time', got {x!r}")
+    runs = _runs(stats)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9.5, 1.9 * len(runs) + 0.9), sharex=True, sharey=True,
+                             squeeze=False)
+    top = max([max_num_seqs or 0] + [s.num_batched_seqs for r in runs.values() for s in r.steps])
+    for ax, (label, run), colour in zip(axes[:, 0], runs.items(), plt.get_cmap("tab10").colors, strict=False):
         steps = run.steps
-        t = _times(steps)
-        line = ax.step(t, [s.num_batched_seqs for s in steps], where="post", label=f"{label}: seats computed")
-        ax.step(
-            t, [useful_seqs(s) for s in steps], where="post", linestyle="--",
-            color=line[0].get_color(), alpha=0.8, label=f"{label}: doing useful work",
-        )
-    if max_num_seqs:
-        ax.axhline(max_num_seqs, color="grey", linewidth=0.8, linestyle=":", label="max_num_seqs")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("sequences in the batch")
-    ax.set_title("Batch occupancy over time")
-    ax.legend(fontsize=8, loc="best")
+        xs = list(range(len(steps))) if x == "step" else _times(steps)
+        end = len(steps) if x == "step" else (xs[-1] + steps[-1].duration if steps else 0.0)
+        useful = [useful_seqs(s) for s in steps]
+        computed = [s.num_batched_seqs for s in steps]
+        # step="post" holds each value until the next x: repeat the last one at the end
+        xs_, useful_, computed_ = xs + [end], useful + useful[-1:], computed + computed[-1:]
+        ax.fill_between(xs_, useful_, step="post", color=colour, alpha=0.85, linewidth=0,
+                        label="sequences doing useful work")
+        if any(c > u for c, u in zip(computed, useful, strict=True)):
+            ax.fill_between(xs_, useful_, computed_, step="post", facecolor="white", edgecolor=colour,
+                            hatch="////", linewidth=0, label="seats computed for nothing")
+        if max_num_seqs:
+            ax.axhline(max_num_seqs, color="black", linestyle="--", linewidth=1, zorder=3,
+                       label=f"max_num_seqs = {max_num_seqs}")
+        b_eff = sum(useful) / len(steps) if steps else 0.0
+        ax.set_title(f"{label}: {len(steps)} steps, B_eff = {b_eff:.2f} useful sequences per step",
+                     loc="left", fontsize=9)
+        ax.set_ylabel("sequences")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    axes[0, 0].set_ylim(0, 1.15 * top if top else 1)
+    axes[0, 0].set_xlim(left=0)
+    axes[-1, 0].set_xlabel("step" if x == "step" else "time (s)")
+    fig.suptitle("Batch occupancy", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -28,8 +28,7 @@ def test_case(ex, case):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from minivllm.course.checks.ex02_continuous import compare_with_reference  # noqa: E402
-from minivllm.course.reference import TraceRequest  # noqa: E402
+from minivllm.course.reference import TraceRequest, compare_with_reference  # noqa: E402
 
 
 @st.composite
@@ -48,4 +47,12 @@ def traces(draw):
 @given(traces())
 def test_matches_reference_on_any_trace(ex, case_input):
     trace, seqs, budget = case_input
-    compare_with_reference(ex, trace, seqs, budget)
+    compare_with_reference(ex.ContinuousScheduler, trace, max_num_seqs=seqs, max_num_batched_tokens=budget)
+
+
+def test_refuses_a_chunked_config(ex):
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.core.scheduler import SchedulerConfig
+
+    with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
+        ex.ContinuousScheduler(SchedulerConfig(enable_chunked_prefill=True), KVCacheManager(8, 16))

@@ -24,55 +24,42 @@ def test_case(ex, case):
     course.require(case, ex)
 
 
-# --- properties over many random states ----------------------------------------------------------
+# --- properties over many random traces and pools ------------------------------------------------
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from minivllm.course.checks.ex03_chunked_prefill import compare_with_reference  # noqa: E402
-from minivllm.course.reference import TraceRequest  # noqa: E402
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 100_000), st.integers(1, 4096))
-def test_chunks_add_up(ex, num_tokens, chunk_size):
-    chunks = ex.split_into_chunks(num_tokens, chunk_size)
-    assert sum(chunks) == num_tokens
-    assert all(1 <= c <= chunk_size for c in chunks)
-    assert all(c == chunk_size for c in chunks[:-1])
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.integers(1, 600), max_size=10),
-    st.lists(st.integers(1, 600), max_size=10),
-    st.integers(1, 1024),
-    st.integers(1, 24),
-    st.one_of(st.none(), st.integers(1, 512)),
-)
-def test_plan_respects_budget_seats_and_chunks(ex, left, prompts, budget, seqs, chunk):
-    running = [(f"r{i}", n) for i, n in enumerate(left[:seqs])]
-    waiting = [(f"w{i}", n) for i, n in enumerate(prompts)]
-    plan = ex.plan_step(running, waiting, budget, seqs, chunk)
-    sizes = dict(running + waiting)
-    assert sum(n for _, n in plan) <= budget
-    assert len(plan) <= seqs
-    assert all(1 <= n <= sizes[rid] and (chunk is None or n <= chunk) for rid, n in plan)
-    order = [rid for rid, _ in running + waiting]
-    assert [rid for rid, _ in plan] == order[: len(plan)], "requests are served in order, none skipped"
+from minivllm.course.reference import TraceRequest, compare_with_reference  # noqa: E402
 
 
 @st.composite
 def traces(draw):
-    n = draw(st.integers(0, 12))
+    """Ragged prompts (many longer than the budget), bursty arrivals, and a pool between the
+    smallest that can hold the longest request and one that never fills."""
+    n = draw(st.integers(0, 10))
     trace, t = [], 0
     for i in range(n):
         t += draw(st.integers(0, 4))
-        trace.append(TraceRequest(f"q{i}", draw(st.integers(1, 400)), draw(st.integers(1, 10)), t))
-    return trace, draw(st.integers(1, 8)), draw(st.integers(1, 300))
+        trace.append(TraceRequest(f"q{i}", draw(st.integers(1, 120)), draw(st.integers(1, 24)), t))
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    longest = max((-(-(r.prompt_len + r.output_len) // block_size) for r in trace), default=1)
+    pool = draw(st.one_of(st.none(), st.integers(longest, 3 * longest)))
+    return trace, draw(st.integers(1, 8)), draw(st.integers(1, 200)), pool, block_size
 
 
 @settings(max_examples=60, deadline=None)
 @given(traces())
-def test_matches_reference_on_any_trace(ex, case_input):
-    trace, seqs, budget = case_input
-    compare_with_reference(ex, trace, seqs, budget)
+def test_matches_reference_on_any_trace_and_pool(ex, case_input):
+    trace, seqs, budget, pool, block_size = case_input
+    compare_with_reference(ex.ChunkedScheduler, trace, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                           enable_chunked_prefill=True, num_kv_blocks=pool, block_size=block_size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 100_000), st.integers(1, 4096), st.integers(0, 4096))
+def test_steps_to_first_token_is_the_smallest_that_covers_the_prompt(ex, prompt, budget, decodes):
+    steps = ex.steps_to_first_token(prompt, budget, decodes)
+    if decodes >= budget:
+        assert steps is None
+    else:
+        per_step = budget - decodes
+        assert steps * per_step >= prompt > (steps - 1) * per_step

@@ -31,7 +31,7 @@ def _tiny_config() -> dict:
     return json.loads(path.read_text())
 
 
-@case(CASES, "Llama-3-8B, bfloat16", "kv_bytes_per_token", "2 (K and V) x 32 layers x 8 KV heads x 128 dims x 2 bytes")
+@case(CASES, "Llama-3-8B, bfloat16", "kv_bytes_per_token", "per layer a key and a value vector for every KV head, in 2-byte numbers")
 def _(ex):
     expect(ex.kv_bytes_per_token(LLAMA3_8B, "bfloat16"), 2 * 32 * 8 * 128 * 2)
 
@@ -82,7 +82,7 @@ def _(ex):
 
 
 @case(CASES, "block boundaries (15, 16, 17 tokens in 16-token blocks)", "kv_bytes_per_sequence",
-      "round the token count up to a whole number of blocks: 17 tokens need 2 blocks = 32 slots")
+      "17 tokens in 16-token blocks occupy 2 blocks")
 def _(ex):
     per_token = 2 * 32 * 8 * 128 * 2
     for n, slots in ((1, 16), (15, 16), (16, 16), (17, 32), (200, 208)):
@@ -120,14 +120,14 @@ def _(ex):
 
 
 @case(CASES, "KV bytes move the crossover", "crossover_batch",
-      "solve B * (2P - ridge*kv) >= ridge*P*w and round up")
+      "each sequence now brings bytes as well as FLOPs; the answer is the first batch whose intensity reaches the ridge")
 def _(ex):
     # P = 2^30, w = 2, kv = 2^20, ridge 256: B >= 2^39 / (2^31 - 2^28) = 292.57...
     expect(ex.crossover_batch(2**30, 2, 2.0**40, 2.0**32, kv_bytes_per_seq=2**20), 293)
 
 
 @case(CASES, "KV reads so large decode never turns compute-bound", "crossover_batch",
-      "if 2 * params <= ridge * kv_bytes_per_seq no batch size reaches the ridge: return None")
+      "however large the batch, the intensity stays below what one sequence alone brings (FLOPs over its KV bytes)")
 def _(ex):
     expect(ex.crossover_batch(2**30, 2, 2.0**40, 2.0**32, kv_bytes_per_seq=2**24), None, "far beyond")
     expect(ex.crossover_batch(2**30, 2, 2.0**40, 2.0**32, kv_bytes_per_seq=2**23), None, "exactly at the limit")

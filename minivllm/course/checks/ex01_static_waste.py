@@ -1,94 +1,109 @@
-"""Cases for ex01_static_waste: padding tax, idle slots, static-batch efficiency."""
+"""Cases for ex01_static_waste: the student's books of a static batcher against hand-checked
+examples and against what minivllm's ``StaticBatchScheduler`` really computes, step by step."""
 
 from __future__ import annotations
 
 import random
 
 from minivllm.course.grading import Case, case, expect, expect_raises
+from minivllm.course.reference import TraceRequest, run_reference
 
 CASES: list[Case] = []
 
-# The chapter's example batch: eight chat-sized prompts and one 9,500-token document.
+# The chapter's example batch: eight chat-sized prompts and one 9,500-token document, with the
+# chapter's response lengths (seven of 300 tokens, one of 30,000).
 CHAPTER_PROMPTS = [10, 12, 8, 14, 9500, 11, 13, 9]
+CHAPTER_OUTPUTS = [300] * 7 + [30_000]
 
 
-@case(CASES, "chapter batch [10, 12, 8, 14, 9500, 11, 13, 9]", "padded_prefill_fraction",
-      "sum of the prompt lengths over (batch size x longest prompt)")
+def engine_books(prompt_lens: list[int], output_lens: list[int], batch_size: int) -> dict[str, int]:
+    """What minivllm's static scheduler computes for this trace, replayed step by step."""
+    trace = [TraceRequest(f"r{i}", p, o) for i, (p, o) in enumerate(zip(prompt_lens, output_lens, strict=True))]
+    steps = run_reference(trace, batch_size, max(prompt_lens), scheduler="static")
+    prefill = [s for s in steps if s.num_prefill_tokens]
+    decode = [s for s in steps if not s.num_prefill_tokens]
+    return dict(
+        num_steps=len(steps),
+        prompt_rows=sum(s.num_prefill_tokens for s in prefill),
+        padding_rows=sum(s.num_padding_tokens for s in prefill),
+        decode_rows=sum(s.num_decode_tokens for s in decode),
+        idle_rows=sum(s.num_padding_tokens for s in decode),
+    )
+
+
+def books(account) -> dict[str, int]:
+    names = ("num_steps", "prompt_rows", "padding_rows", "decode_rows", "idle_rows")
+    return {n: getattr(account, n) for n in names}
+
+
+def against_engine(ex, prompts, outputs, batch_size, note=""):
+    expect(books(ex.account_static(prompts, outputs, batch_size)), engine_books(prompts, outputs, batch_size), note)
+
+
+@case(CASES, "the chapter's batch", "account_static",
+      "one padded prefill of 8 x 9,500 rows, then the batch decodes until the 30,000-token response is done")
 def _(ex):
-    expect(ex.padded_prefill_fraction(CHAPTER_PROMPTS), 9577 / (8 * 9500))
+    acc = ex.account_static(CHAPTER_PROMPTS, CHAPTER_OUTPUTS, 8)
+    expect(books(acc), dict(num_steps=30_000, prompt_rows=9577, padding_rows=8 * 9500 - 9577,
+                            decode_rows=7 * 299 + 29_999, idle_rows=7 * (30_000 - 300)))
 
 
-@case(CASES, "one prompt, equal prompts", "padded_prefill_fraction", "no padding means a fraction of exactly 1")
+@case(CASES, "one request", "account_static",
+      "a batch of one never pads and never idles; its prefill pass already gives the first token")
 def _(ex):
-    expect(ex.padded_prefill_fraction([7]), 1.0, "single prompt")
-    expect(ex.padded_prefill_fraction([5, 5, 5]), 1.0, "equal prompts")
+    against_engine(ex, [7], [5], 4)
 
 
-@case(CASES, "ragged batch", "padded_prefill_fraction", "use the longest prompt of this batch, not of any other")
+@case(CASES, "equal lengths", "account_static", "equal prompts need no padding; equal responses leave no seat idle")
 def _(ex):
-    expect(ex.padded_prefill_fraction([1, 2, 3, 100]), 106 / 400)
-    expect(ex.padded_prefill_fraction([100, 1]), 101 / 200, "longest first")
+    against_engine(ex, [6, 6, 6], [4, 4, 4], 3)
 
 
-@case(CASES, "empty batch, zero-length prompt", "padded_prefill_fraction",
-      "raise ValueError for [] and for a prompt of 0 tokens")
+@case(CASES, "one-token responses", "account_static",
+      "a batch whose responses are one token long is done after its prefill pass: no decode pass at all")
 def _(ex):
-    expect_raises(ValueError, lambda: ex.padded_prefill_fraction([]), "empty batch")
-    expect_raises(ValueError, lambda: ex.padded_prefill_fraction([3, 0, 5]), "a 0-token prompt")
+    against_engine(ex, [3, 9, 4], [1, 1, 1], 3)
 
 
-@case(CASES, "300-token majority and one 30,000-token straggler", "idle_slot_steps",
-      "seven requests each wait 30,000 - 300 steps for the straggler")
+@case(CASES, "each batch pads to its own longest prompt", "account_static",
+      "the padding of a batch depends on the prompts of that batch only")
 def _(ex):
-    expect(ex.idle_slot_steps([300] * 7 + [30000]), 7 * (30000 - 300))
+    against_engine(ex, [2, 30, 3, 4, 5, 6], [3, 3, 3, 3, 3, 3], 2)
 
 
-@case(CASES, "ragged responses", "idle_slot_steps", "idle steps of request i = longest - output_lens[i]")
+@case(CASES, "a partial last batch", "account_static",
+      "the last batch may have fewer members than batch_size; only members' rows are computed")
 def _(ex):
-    expect(ex.idle_slot_steps([1, 4, 2, 4]), 3 + 0 + 2 + 0)
-    expect(ex.idle_slot_steps([9]), 0, "a batch of one never idles")
-    expect(ex.idle_slot_steps([6, 6, 6]), 0, "equal lengths")
+    against_engine(ex, [4, 8, 2, 5, 6], [9, 2, 3, 7, 1], 2)
 
 
-@case(CASES, "empty batch", "idle_slot_steps", "an empty batch has 0 idle slot-steps (max([]) raises: guard it)")
+@case(CASES, "a straggler in each batch", "account_static",
+      "a finished member's row is computed at every decode pass until its batch's longest response is done")
 def _(ex):
-    expect(ex.idle_slot_steps([]), 0)
+    against_engine(ex, [12] * 8, [3, 3, 40, 3, 3, 3, 3, 25], 4)
 
 
-@case(CASES, "one full batch", "static_batch_efficiency", "sum(outputs) / (batch_size x longest)")
-def _(ex):
-    outs = [300] * 7 + [30000]
-    expect(ex.static_batch_efficiency(outs, 8), sum(outs) / (8 * 30000))
-
-
-@case(CASES, "several batches, a partial last one", "static_batch_efficiency",
-      "batches are consecutive slices of batch_size; an unfilled seat still costs a seat-step")
-def _(ex):
-    # batches [4, 1] and [2]: 2 seats x (4 + 2) steps paid, 7 tokens wanted
-    expect(ex.static_batch_efficiency([4, 1, 2], 2), 7 / 12)
-    expect(ex.static_batch_efficiency([5], 4), 5 / 20, "one request, four seats")
-
-
-@case(CASES, "batch size 1 is perfectly efficient", "static_batch_efficiency", "one seat is never idle")
-def _(ex):
-    expect(ex.static_batch_efficiency([3, 9, 1, 4], 1), 1.0)
-
-
-@case(CASES, "random traces (seeded)", "static_batch_efficiency",
-      "per batch: steps = its longest response; efficiency = tokens / (batch_size x total steps)")
+@case(CASES, "20 random traces against the engine (seeded)", "account_static",
+      "compare with what minivllm's StaticBatchScheduler computed; the note shows the trace")
 def _(ex):
     rng = random.Random(1)
     for trial in range(20):
-        outs = [rng.randint(1, 500) for _ in range(rng.randint(1, 40))]
-        b = rng.randint(1, 12)
-        steps = 0
-        for start in range(0, len(outs), b):
-            steps += max(outs[start : start + b])
-        expect(ex.static_batch_efficiency(outs, b), sum(outs) / (b * steps), f"trial {trial}: B={b}, outputs={outs}")
+        n = rng.randint(1, 14)
+        prompts = [rng.randint(1, 40) for _ in range(n)]
+        outputs = [rng.randint(1, 30) for _ in range(n)]
+        b = rng.randint(1, 6)
+        against_engine(ex, prompts, outputs, b, f"trial {trial}: batch_size={b}, prompts={prompts}, outputs={outputs}")
 
 
-@case(CASES, "empty trace, bad batch size", "static_batch_efficiency",
-      "raise ValueError for an empty trace and for batch_size < 1")
+@case(CASES, "an empty trace", "account_static", "no requests, no passes, no rows")
 def _(ex):
-    expect_raises(ValueError, lambda: ex.static_batch_efficiency([], 4), "empty trace")
-    expect_raises(ValueError, lambda: ex.static_batch_efficiency([3, 4], 0), "batch_size 0")
+    expect(books(ex.account_static([], [], 8)), dict.fromkeys(books(ex.StaticAccount()), 0))
+
+
+@case(CASES, "bad input", "account_static",
+      "ValueError for batch_size < 1, lists of different lengths, a 0-token prompt or a 0-token response")
+def _(ex):
+    expect_raises(ValueError, lambda: ex.account_static([3, 4], [2, 2], 0), "batch_size 0")
+    expect_raises(ValueError, lambda: ex.account_static([3, 4], [2], 2), "2 prompts, 1 output")
+    expect_raises(ValueError, lambda: ex.account_static([3, 0], [2, 2], 2), "a 0-token prompt")
+    expect_raises(ValueError, lambda: ex.account_static([3, 4], [2, 0], 2), "a 0-token response")

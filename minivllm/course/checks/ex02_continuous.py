@@ -1,174 +1,138 @@
-"""Cases for ex02_continuous: decode, admit, retire, then whole traces against the real
-``minivllm.core.scheduler.Scheduler`` (chunked prefill off, KV cache never full)."""
+"""Cases for ex02_continuous: the student's ``ContinuousScheduler`` against minivllm's own
+``Scheduler`` (chunked prefill off, a KV pool that never fills), step by step on small traces
+that each isolate one rule, on random traces, and serving the tiny model."""
 
 from __future__ import annotations
 
-from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.reference import TraceRequest, random_trace, run_reference
+from minivllm.course.grading import Case, case, expect
+from minivllm.course.reference import TraceRequest, compare_with_reference, random_trace
+from minivllm.course.scheduling import ProtocolOnlyKV
+from minivllm.request import Request, RequestStatus
+from minivllm.sampling_params import SamplingParams
 
 CASES: list[Case] = []
 
 
-def _sched(ex, seqs: int, budget: int, running=(), waiting=()):
-    s = ex.ContinuousScheduler(max_num_seqs=seqs, max_num_batched_tokens=budget)
-    for rid, prompt, out in running:  # already prefilled, decoding
-        seq = ex.Seq(rid, prompt, out)
-        seq.num_computed, seq.num_output = prompt, 1
-        s.running.append(seq)
-    for rid, prompt, out in waiting:
-        s.add_request(ex.Seq(rid, prompt, out))
-    return s
+def compare(ex, trace, max_num_seqs: int, budget: int, label: str = ""):
+    """Replay ``trace`` through the student's scheduler and minivllm's; raise at the first step
+    that differs (the message shows the state before it)."""
+    return compare_with_reference(
+        ex.ContinuousScheduler, trace, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, label=label
+    )
 
 
-def _ids(pairs) -> list[tuple[str, int]]:
-    return [(seq.request_id, n) for seq, n in pairs]
+def T(rid: str, prompt: int, out: int, arrival: int = 0) -> TraceRequest:
+    return TraceRequest(rid, prompt, out, arrival)
 
 
-def compare_with_reference(ex, trace: list[TraceRequest], max_num_seqs: int, budget: int, label: str = "") -> int:
-    """Run the student's scheduler and the reference over ``trace``; raise :class:`Mismatch`
-    at the first step where they disagree. Returns the number of steps compared."""
-    ref = run_reference(trace, max_num_seqs, budget, enable_chunked_prefill=False)
-    sched = ex.ContinuousScheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
-    arrivals = sorted(trace, key=lambda r: r.arrival_step)
-    nxt = 0
-    where = f"{label}: " if label else ""
-    for ref_step in ref:
-        while nxt < len(arrivals) and arrivals[nxt].arrival_step <= ref_step.step:
-            r = arrivals[nxt]
-            sched.add_request(ex.Seq(r.request_id, r.prompt_len, r.output_len))
-            nxt += 1
-        got = sched.step()
-        if list(map(tuple, got.batch)) != ref_step.batch:
-            raise Mismatch(ref_step.batch, got.batch, f"{where}step {ref_step.step}, batch "
-                           f"(before it: running {ref_step.running}, waiting {ref_step.waiting})")
-        if list(got.finished) != ref_step.finished:
-            raise Mismatch(ref_step.finished, got.finished, f"{where}step {ref_step.step}, finished")
-    if sched.has_unfinished():
-        left = [s.request_id for s in list(sched.running) + list(sched.waiting)]
-        raise Mismatch("all requests finished", f"still unfinished: {left}", f"{where}after {len(ref)} steps")
-    return len(ref)
-
-
-# --- decode ----------------------------------------------------------------------------------
-@case(CASES, "three running, plenty of budget", "schedule_decodes", "one token per running request, oldest first")
+# --- one rule at a time ----------------------------------------------------------------------
+@case(CASES, "nothing to do", "schedule", "with no request anywhere, a step plans nothing and nothing is left")
 def _(ex):
-    s = _sched(ex, 8, 100, running=[("a", 5, 9), ("b", 3, 9), ("c", 7, 9)])
-    decodes, left = s.schedule_decodes(100)
-    expect(_ids(decodes), [("a", 1), ("b", 1), ("c", 1)], "decodes")
-    expect(left, 97, "budget left")
-    expect([q.num_computed for q in s.running], [5, 3, 7], "schedule_decodes must not change the Seqs")
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.course.reference import scheduler_config
+
+    sched = ex.ContinuousScheduler(scheduler_config(4, 64, False), ProtocolOnlyKV(KVCacheManager(8, 16, False)))
+    out = sched.schedule()
+    expect(out.decisions(), [], "batch")
+    expect(sched.has_unfinished_requests(), False, "has_unfinished_requests()")
 
 
-@case(CASES, "budget smaller than the batch", "schedule_decodes",
-      "stop giving out tokens when the budget reaches 0; the rest wait for the next step")
+@case(CASES, "one request: prefill, decodes, retire", "schedule",
+      "the step that admits a request computes its whole prompt; each later step computes one token; "
+      "it leaves (and frees its blocks) with its last token")
 def _(ex):
-    s = _sched(ex, 8, 2, running=[("a", 5, 9), ("b", 3, 9), ("c", 7, 9)])
-    decodes, left = s.schedule_decodes(2)
-    expect((_ids(decodes), left), ([("a", 1), ("b", 1)], 0), "budget 2")
-    decodes, left = s.schedule_decodes(0)
-    expect((_ids(decodes), left), ([], 0), "budget 0")
+    compare(ex, [T("a", 5, 3)], max_num_seqs=4, budget=64)
 
 
-@case(CASES, "nothing running", "schedule_decodes", "an empty batch decodes nothing and spends nothing")
+@case(CASES, "one-token responses leave in their prefill step", "update_from_output",
+      "the token sampled at the end of the prefill step is the first output token; with max_tokens=1 "
+      "it is also the last")
 def _(ex):
-    decodes, left = _sched(ex, 4, 50).schedule_decodes(50)
-    expect((_ids(decodes), left), ([], 50))
+    compare(ex, [T("a", 5, 1), T("b", 3, 1), T("c", 4, 2)], max_num_seqs=4, budget=64)
 
 
-# --- admit -----------------------------------------------------------------------------------
-@case(CASES, "admit in arrival order", "admit", "pop from the left of self.waiting, append to self.running")
+@case(CASES, "running requests are served before newcomers", "schedule",
+      "a request already running has been waiting longer than any newcomer; give the running their "
+      "token before admitting anyone")
 def _(ex):
-    s = _sched(ex, 8, 100, waiting=[("a", 10, 3), ("b", 20, 3), ("c", 30, 3)])
-    expect(_ids(s.admit(100)), [("a", 10), ("b", 20), ("c", 30)], "admitted")
-    expect([q.request_id for q in s.running], ["a", "b", "c"], "running afterwards")
-    expect(len(s.waiting), 0, "waiting afterwards")
+    compare(ex, [T("a", 6, 6), T("b", 7, 5), T("late", 12, 2, arrival=2)], max_num_seqs=4, budget=16)
 
 
-@case(CASES, "seats run out", "admit", "running requests count against max_num_seqs")
+@case(CASES, "seats run out", "schedule", "running requests hold seats until they finish; count them against max_num_seqs")
 def _(ex):
-    s = _sched(ex, 2, 100, running=[("x", 4, 9)], waiting=[("a", 10, 3), ("b", 20, 3)])
-    expect(_ids(s.admit(99)), [("a", 10)], "one seat was free")
-    expect([q.request_id for q in s.waiting], ["b"], "still waiting")
+    compare(ex, [T(f"s{i}", 4 + i, 3 + i) for i in range(5)], max_num_seqs=2, budget=64)
 
 
-@case(CASES, "prompt exactly equal to the budget", "admit", "a prompt fits when prompt_len <= budget")
+@case(CASES, "a prompt exactly as long as the budget", "schedule", "a prompt fits when it needs no more tokens than are left")
 def _(ex):
-    s = _sched(ex, 4, 30, waiting=[("a", 30, 3), ("b", 1, 3)])
-    expect(_ids(s.admit(30)), [("a", 30)], "the first fills the budget, the second must wait")
+    compare(ex, [T("a", 30, 2), T("b", 1, 2)], max_num_seqs=4, budget=30)
 
 
-@case(CASES, "head of the line does not fit", "admit",
-      "first come, first served: when the oldest waiting prompt does not fit, admit nobody behind it")
+@case(CASES, "the head of the queue does not fit", "schedule",
+      "first come, first served: a later, smaller prompt must not overtake the oldest waiting one")
 def _(ex):
-    s = _sched(ex, 4, 40, waiting=[("big", 50, 3), ("small", 5, 3)])
-    expect(_ids(s.admit(40)), [], "admitted")
-    expect([q.request_id for q in s.waiting], ["big", "small"], "queue untouched")
+    # four decodes leave 12 of 16 tokens; 'big' (14) must wait, and 'small' (2) behind it too
+    trace = [T(f"d{i}", 1, 8) for i in range(4)] + [T("big", 14, 2, arrival=1), T("small", 2, 2, arrival=1)]
+    compare(ex, trace, max_num_seqs=8, budget=16)
 
 
-@case(CASES, "empty queue, zero budget", "admit", "nothing to admit is not an error")
+@case(CASES, "arrivals spread out, idle steps between", "schedule",
+      "a step with nobody to serve plans nothing; later arrivals join the running batch")
 def _(ex):
-    expect(_ids(_sched(ex, 4, 10).admit(10)), [], "empty queue")
-    expect(_ids(_sched(ex, 4, 10, waiting=[("a", 1, 1)]).admit(0)), [], "zero budget")
+    compare(ex, [T("a", 4, 3, 0), T("b", 6, 2, 7), T("c", 2, 5, 8)], max_num_seqs=8, budget=16)
 
 
-# --- retire ----------------------------------------------------------------------------------
-@case(CASES, "retire finished, keep order", "retire", "done means num_output >= max_tokens; keep the others in order")
+@case(CASES, "one seat (max_num_seqs=1)", "schedule", "with one seat, requests are served one after the other")
 def _(ex):
-    s = _sched(ex, 8, 100, running=[("a", 5, 1), ("b", 3, 4), ("c", 7, 1), ("d", 2, 2)])
-    s.running[3].num_output = 2
-    done = s.retire()
-    expect([q.request_id for q in done], ["a", "c", "d"], "retired")
-    expect([q.request_id for q in s.running], ["b"], "still running")
-    expect([q.request_id for q in s.retire()], [], "retiring again removes nothing")
+    compare(ex, random_trace(3, 6), max_num_seqs=1, budget=64)
 
 
-# --- whole traces against the reference ---------------------------------------------------------
-@case(CASES, "empty trace", "step", "with nothing to do, step() returns an empty batch and finishes nothing")
+@case(CASES, "a stop token ends a request early", "update_from_output",
+      "req.check_stop(token, max_model_len) says whether (and how) the request ends; a finished request "
+      "leaves running and requests, and frees its blocks")
 def _(ex):
-    s = _sched(ex, 4, 64)
-    res = s.step()
-    expect((list(res.batch), list(res.finished)), ([], []))
-    expect(s.has_unfinished(), False, "has_unfinished")
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.course.reference import scheduler_config
+
+    kv = KVCacheManager(16, 4, enable_caching=False)
+    sched = ex.ContinuousScheduler(scheduler_config(4, 64, False), ProtocolOnlyKV(kv))
+    reqs = [Request(f"q{i}", [5, 6, 7, 8, 9][: 2 + i], SamplingParams(max_tokens=9, stop_token_ids=[3]))
+            for i in range(3)]
+    for r in reqs:
+        sched.add_request(r)
+    sched.schedule()
+    finished = sched.update_from_output({"q0": 11, "q1": 3, "q2": 12})
+    expect([r.request_id for r in finished], ["q1"], "finished")
+    expect(reqs[1].status, RequestStatus.FINISHED_STOPPED, "status of q1")
+    expect(reqs[1].output_token_ids, [3], "q1's tokens")
+    expect([r.request_id for r in sched.running], ["q0", "q2"], "still running, in order")
+    expect(sorted(sched.requests), ["q0", "q2"], "requests")
+    expect(kv.num_used_blocks, 2, "KV blocks in use (q1's were freed)")
+    expect(reqs[0].output_token_ids, [11], "q0's tokens")
 
 
-@case(CASES, "one-token responses leave in their prefill step", "step",
-      "a request with max_tokens=1 gets its only token from the prefill and retires in the same step")
+# --- whole traces ---------------------------------------------------------------------------------
+@case(CASES, "tight budget blocks admission", "schedule",
+      "decodes spend the budget first; a prompt that no longer fits waits for a later step")
 def _(ex):
-    trace = [TraceRequest("a", 5, 1), TraceRequest("b", 3, 1), TraceRequest("c", 4, 2)]
-    compare_with_reference(ex, trace, max_num_seqs=4, budget=64)
+    compare(ex, random_trace(11, 14, prompt_range=(10, 40), max_arrival_gap=1), max_num_seqs=6, budget=44)
 
 
-@case(CASES, "chapter-shaped batch, all at once", "step", "decode the running first, then admit; retire at the end")
-def _(ex):
-    prompts = [10, 12, 8, 14, 950, 11, 13, 9]
-    outs = [30, 5, 12, 40, 3, 60, 8, 20]
-    trace = [TraceRequest(f"r{i}", p, o) for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
-    compare_with_reference(ex, trace, max_num_seqs=4, budget=1024)
-
-
-@case(CASES, "arrivals spread out, idle steps between", "step",
-      "steps with nothing to run return an empty batch; later arrivals join the running batch")
-def _(ex):
-    trace = [TraceRequest("a", 4, 3, 0), TraceRequest("b", 6, 2, 7), TraceRequest("c", 2, 5, 8)]
-    compare_with_reference(ex, trace, max_num_seqs=8, budget=16)
-
-
-@case(CASES, "one seat (max_num_seqs=1)", "step", "with one seat, continuous batching serves requests one by one")
-def _(ex):
-    compare_with_reference(ex, random_trace(3, 6), max_num_seqs=1, budget=64)
-
-
-@case(CASES, "tight budget blocks admission", "step",
-      "decodes spend budget first; a prompt that no longer fits waits for a later step")
-def _(ex):
-    trace = random_trace(11, 14, prompt_range=(10, 40), max_arrival_gap=1)
-    compare_with_reference(ex, trace, max_num_seqs=6, budget=44)
-
-
-@case(CASES, "30 random traces (seeded)", "step", "compare step by step with the reference; the note says where")
+@case(CASES, "30 random traces (seeded)", "schedule", "the message shows the settings and the state before the first step that differs")
 def _(ex):
     for seed in range(30):
-        seqs = 1 + seed % 7
-        budget = 64 + 16 * (seed % 5)
         trace = random_trace(100 + seed, 5 + seed % 17)
-        compare_with_reference(ex, trace, max_num_seqs=seqs, budget=budget, label=f"seed {100 + seed}")
+        compare(ex, trace, max_num_seqs=1 + seed % 7, budget=64 + 16 * (seed % 5), label=f"seed {100 + seed}")
+
+
+@case(CASES, "serves the tiny model: same decisions, same tokens", "ContinuousScheduler",
+      "LLM(scheduler=ContinuousScheduler) must decide every step as minivllm's Scheduler does; then the "
+      "greedy tokens match too")
+def _(ex):
+    from minivllm.course.engine_check import compare_on_engine
+
+    compare_on_engine(
+        ex.ContinuousScheduler, arrivals=[0, 0, 0, 1, 2, 4, 4, 9], label="8 prompts, 3 seats",
+        max_num_seqs=3, max_num_batched_tokens=64, max_model_len=64, enable_chunked_prefill=False,
+        num_kv_blocks=64,
+    )

@@ -1,130 +1,163 @@
-"""Cases for ex03_chunked_prefill: chunks, one step's plan, steps to the first token."""
+"""Cases for ex03_chunked_prefill: the student's ``ChunkedScheduler`` against minivllm's
+``Scheduler(enable_chunked_prefill=True)`` step by step -- chunks first with a pool that never
+fills, then small pools that force preemptions -- serving the tiny model, and the
+steps-to-first-token arithmetic."""
 
 from __future__ import annotations
 
-from minivllm.course.grading import Case, Mismatch, case, expect, expect_raises
-from minivllm.course.reference import random_trace, run_reference
+from minivllm.course.grading import Case, case, expect
+from minivllm.course.reference import (
+    TraceRequest,
+    compare_with_reference,
+    random_trace,
+    run_reference,
+)
 
 CASES: list[Case] = []
 
 
-def compare_with_reference(ex, trace, max_num_seqs: int, budget: int, label: str = "") -> int:
-    """Give ``plan_step`` the state the real scheduler saw before each step (chunked prefill
-    on) and compare the plans. Returns the number of steps compared."""
-    steps = run_reference(trace, max_num_seqs, budget, enable_chunked_prefill=True)
-    for st in steps:
-        got = ex.plan_step(list(st.running), list(st.waiting), budget, max_num_seqs)
-        if list(map(tuple, got)) != st.batch:
-            where = f"{label}: " if label else ""
-            raise Mismatch(st.batch, got, f"{where}step {st.step}: plan_step(running={st.running}, "
-                           f"waiting={st.waiting}, token_budget={budget}, max_num_seqs={max_num_seqs})")
-    return len(steps)
+def compare(ex, trace, max_num_seqs: int, budget: int, num_kv_blocks: int | None = None, label: str = ""):
+    return compare_with_reference(
+        ex.ChunkedScheduler, trace, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+        enable_chunked_prefill=True, num_kv_blocks=num_kv_blocks, label=label,
+    )
 
 
-# --- split_into_chunks --------------------------------------------------------------------------
-@case(CASES, "10 tokens in chunks of 4", "split_into_chunks", "full chunks first, then the remainder")
+def T(rid: str, prompt: int, out: int, arrival: int = 0) -> TraceRequest:
+    return TraceRequest(rid, prompt, out, arrival)
+
+
+def preempting(trace, max_num_seqs: int, budget: int, num_kv_blocks: int) -> list:
+    """The trace, after making sure the reference really preempts on it (a case about
+    preemption that never preempts would test nothing)."""
+    steps = run_reference(trace, max_num_seqs, budget, True, num_kv_blocks=num_kv_blocks)
+    if not any(s.preempted for s in steps):
+        raise RuntimeError("this case's trace no longer preempts in the reference: choose a smaller pool")
+    return trace
+
+
+# --- chunks -----------------------------------------------------------------------------------------
+@case(CASES, "a prompt longer than the budget", "schedule",
+      "a prompt no longer has to fit whole: each step it gets what is left of the budget, and it samples "
+      "only in the step that computes its last prompt token")
 def _(ex):
-    expect(ex.split_into_chunks(10, 4), [4, 4, 2])
+    compare(ex, [T("long", 50, 3)], max_num_seqs=4, budget=16)
 
 
-@case(CASES, "exact multiple, short prompt, chunk of 1", "split_into_chunks", "no empty trailing chunk")
+@case(CASES, "decodes first, then a prompt gets the rest", "schedule",
+      "the running requests' decodes take their token each; the newcomer's chunk is what is left")
 def _(ex):
-    expect(ex.split_into_chunks(8, 4), [4, 4], "8 / 4")
-    expect(ex.split_into_chunks(3, 512), [3], "shorter than one chunk")
-    expect(ex.split_into_chunks(3, 1), [1, 1, 1], "chunk of 1")
-    expect(ex.split_into_chunks(30000, 2048), [2048] * 14 + [30000 - 14 * 2048], "30k prompt, 2k chunks")
+    compare(ex, [T("a", 3, 9), T("b", 2, 9), T("c", 4, 9), T("doc", 60, 2, arrival=2)], max_num_seqs=8, budget=16)
 
 
-@case(CASES, "zero tokens, bad chunk size", "split_into_chunks", "[] for 0 tokens; ValueError for chunk_size < 1")
+@case(CASES, "a prefill in progress continues before new admissions", "schedule",
+      "a request still prefilling is running: it gets its next chunk before anyone waiting is admitted")
 def _(ex):
-    expect(ex.split_into_chunks(0, 4), [], "0 tokens")
-    expect_raises(ValueError, lambda: ex.split_into_chunks(5, 0), "chunk_size 0")
+    compare(ex, [T("d", 2, 9), T("half", 40, 3), T("new", 5, 2, arrival=1)], max_num_seqs=8, budget=12)
 
 
-# --- plan_step ------------------------------------------------------------------------------------
-@case(CASES, "nothing to do", "plan_step", "empty running and waiting lists give an empty plan")
+@case(CASES, "several short prompts share one step", "schedule",
+      "keep admitting while budget and seats last; the last one admitted may get only part of its prompt")
 def _(ex):
-    expect(list(ex.plan_step([], [], 2048, 8)), [])
+    compare(ex, [T("a", 40, 2), T("b", 40, 2), T("c", 40, 2)], max_num_seqs=8, budget=100)
 
 
-@case(CASES, "decodes first, then a long prompt gets the rest", "plan_step",
-      "each decode takes 1 token; the new prompt gets min(prompt_len, budget left)")
+@case(CASES, "seats count requests still prefilling", "schedule",
+      "a request that has only started its prompt already holds a seat")
 def _(ex):
-    got = ex.plan_step([("d1", 1), ("d2", 1), ("d3", 1)], [("long", 30000)], 2048, 8)
-    expect(list(got), [("d1", 1), ("d2", 1), ("d3", 1), ("long", 2045)])
+    compare(ex, [T(f"s{i}", 30, 3) for i in range(4)], max_num_seqs=2, budget=16)
 
 
-@case(CASES, "a prefill in progress continues before new admissions", "plan_step",
-      "a running request with many tokens left is still prefilling: give it the next chunk")
-def _(ex):
-    got = ex.plan_step([("d", 1), ("half", 700)], [("new", 50)], 512, 8)
-    expect(list(got), [("d", 1), ("half", 511)])
-
-
-@case(CASES, "budget spent exactly by decodes", "plan_step", "with 0 budget left, admit nobody")
-def _(ex):
-    got = ex.plan_step([("a", 1), ("b", 1)], [("w", 5)], 2, 8)
-    expect(list(got), [("a", 1), ("b", 1)])
-
-
-@case(CASES, "more decodes than budget", "plan_step", "stop as soon as the budget is spent, even among running requests")
-def _(ex):
-    got = ex.plan_step([("a", 1), ("b", 1), ("c", 1)], [], 2, 8)
-    expect(list(got), [("a", 1), ("b", 1)])
-
-
-@case(CASES, "seats full", "plan_step", "running requests count against max_num_seqs")
-def _(ex):
-    got = ex.plan_step([("a", 1), ("b", 1)], [("w1", 3), ("w2", 3)], 100, 3)
-    expect(list(got), [("a", 1), ("b", 1), ("w1", 3)])
-
-
-@case(CASES, "several short prompts share one step", "plan_step",
-      "keep admitting while budget and seats last; the last one may get only a partial chunk")
-def _(ex):
-    got = ex.plan_step([], [("a", 40), ("b", 40), ("c", 40)], 100, 8)
-    expect(list(got), [("a", 40), ("b", 40), ("c", 20)])
-
-
-@case(CASES, "chunk_size caps every request", "plan_step",
-      "with chunk_size, a request gets at most chunk_size tokens even when budget is left")
-def _(ex):
-    got = ex.plan_step([("d", 1), ("half", 700)], [("a", 300), ("b", 10)], 1000, 8, chunk_size=256)
-    expect(list(got), [("d", 1), ("half", 256), ("a", 256), ("b", 10)], "chunk 256")
-    got = ex.plan_step([], [("a", 5)], 1000, 8, chunk_size=1)
-    expect(list(got), [("a", 1)], "chunk 1")
-
-
-@case(CASES, "chunk_size larger than the budget", "plan_step", "the budget still caps the chunk")
-def _(ex):
-    got = ex.plan_step([], [("a", 5000)], 2048, 8, chunk_size=4096)
-    expect(list(got), [("a", 2048)])
-
-
-@case(CASES, "20 random traces against the real scheduler", "plan_step",
-      "before each step the real scheduler's state is given to plan_step; the note shows it")
+@case(CASES, "20 random traces, pool never full (seeded)", "schedule",
+      "the message shows the settings and the state before the first step that differs")
 def _(ex):
     for seed in range(20):
         trace = random_trace(200 + seed, 4 + seed % 13, prompt_range=(1, 300), output_range=(1, 30))
-        compare_with_reference(ex, trace, max_num_seqs=1 + seed % 6, budget=32 + 24 * (seed % 6),
-                               label=f"seed {200 + seed}")
+        compare(ex, trace, max_num_seqs=1 + seed % 6, budget=32 + 24 * (seed % 6), label=f"seed {200 + seed}")
 
 
-# --- steps_to_first_token ---------------------------------------------------------------------------
-@case(CASES, "30k prompt, 2k budget, no decodes", "steps_to_first_token", "ceil(prompt_len / budget)")
+# --- a full pool -------------------------------------------------------------------------------------
+@case(CASES, "the pool fills: the newest running request is preempted", "schedule",
+      "when allocate_slots returns None, the newest running request gives its blocks back "
+      "(self.preempt) and is recomputed later; the older one continues")
+def _(ex):
+    # two requests that each grow to 2 blocks of 16 tokens, in a pool of 3 blocks
+    trace = preempting([T("old", 8, 14), T("new", 8, 14)], 4, 32, 3)
+    compare(ex, trace, max_num_seqs=4, budget=32, num_kv_blocks=3)
+
+
+@case(CASES, "the request that needs room is itself the newest", "schedule",
+      "preempt until the request fits or has been preempted itself; it then computes nothing this step")
+def _(ex):
+    # c crosses into its second block first, and it is the newest: it preempts itself
+    trace = preempting([T("a", 6, 12), T("b", 6, 12), T("c", 10, 12)], 3, 32, 3)
+    compare(ex, trace, max_num_seqs=3, budget=32, num_kv_blocks=3)
+
+
+@case(CASES, "no admission in a step that preempted", "schedule",
+      "after a preemption memory is short: admit nobody, not even the victim, until the next step")
+def _(ex):
+    # with a 4-token budget the victim's first chunk would fit in the freed block at once
+    trace = preempting([T("a", 8, 16), T("b", 8, 16)], 4, 4, 3)
+    compare(ex, trace, max_num_seqs=4, budget=4, num_kv_blocks=3)
+
+
+@case(CASES, "20 random traces with small pools (seeded)", "schedule",
+      "chunks and preemptions together; the message shows the state before the first step that differs")
+def _(ex):
+    for seed in range(20):
+        trace = random_trace(300 + seed, 5 + seed % 9, prompt_range=(1, 60), output_range=(1, 40))
+        longest = max(-(-(r.prompt_len + r.output_len) // 16) for r in trace)
+        compare(ex, trace, max_num_seqs=2 + seed % 5, budget=16 + 16 * (seed % 4),
+                num_kv_blocks=longest + seed % 4, label=f"seed {300 + seed}")
+
+
+@case(CASES, "serves the tiny model, preempting: same decisions, same tokens", "ChunkedScheduler",
+      "LLM(scheduler=ChunkedScheduler) must decide every step as minivllm's Scheduler does, preemptions "
+      "included; then the greedy tokens match too")
+def _(ex):
+    from minivllm.course.engine_check import compare_on_engine
+
+    mine, _ = compare_on_engine(
+        ex.ChunkedScheduler, arrivals=[0, 0, 0, 1, 2, 4, 4, 9], label="8 prompts, 4 seats, 8 blocks",
+        max_num_seqs=4, max_num_batched_tokens=24, max_model_len=96, num_kv_blocks=8,
+        max_tokens=24,
+    )
+    if mine.num_preemptions == 0:
+        raise RuntimeError("the engine case no longer preempts: choose a smaller pool")
+
+
+# --- steps to the first token --------------------------------------------------------------------------
+@case(CASES, "30k prompt, 2k budget, no decodes", "steps_to_first_token", "the prompt gets the whole budget every step")
 def _(ex):
     expect(ex.steps_to_first_token(30000, 2048, 0), 15)
 
 
-@case(CASES, "boundaries", "steps_to_first_token", "ceil division: 2048 tokens in 2048-token steps is 1 step, 2049 is 2")
+@case(CASES, "boundaries", "steps_to_first_token", "a partial last chunk still takes a step; an exact multiple does not add one")
 def _(ex):
     expect(ex.steps_to_first_token(2048, 2048, 0), 1, "exact")
     expect(ex.steps_to_first_token(2049, 2048, 0), 2, "one over")
     expect(ex.steps_to_first_token(1, 64, 63), 1, "one token left for the prompt")
-    expect(ex.steps_to_first_token(1000, 512, 12), 2, "decodes take their share first")
 
 
-@case(CASES, "decodes eat the whole budget", "steps_to_first_token", "return None when no budget is left for the prompt")
+@case(CASES, "decodes take their share first", "steps_to_first_token",
+      "every step the decodes take their tokens before the prompt gets any")
+def _(ex):
+    expect(ex.steps_to_first_token(1000, 100, 50), 20, "half the budget left")
+    expect(ex.steps_to_first_token(1000, 512, 12), 2, "a few decodes")
+
+
+@case(CASES, "decodes eat the whole budget", "steps_to_first_token", "None when no budget is left for the prompt")
 def _(ex):
     expect(ex.steps_to_first_token(100, 64, 64), None, "exactly used up")
     expect(ex.steps_to_first_token(100, 64, 70), None, "more decodes than budget")
+
+
+@case(CASES, "agrees with the scheduler", "steps_to_first_token",
+      "your formula against the scheduler's own count, on a trace with steady decodes")
+def _(ex):
+    for decodes, budget, prompt in ((3, 16, 50), (5, 24, 200), (0, 32, 64)):
+        trace = [T(f"d{i}", 1, 30) for i in range(decodes)] + [T("doc", prompt, 1, arrival=1)]
+        steps = run_reference(trace, 8, budget, True)
+        measured = sum(1 for s in steps if "doc" in dict(s.batch))
+        expect(ex.steps_to_first_token(prompt, budget, decodes), measured, f"{decodes} decodes, budget {budget}, prompt {prompt}")
