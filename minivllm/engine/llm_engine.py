@@ -53,7 +53,7 @@ class LLMEngine:
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_ids()
         self.max_model_len = self._max_model_len()
-        self.kv_dtype = resolve_dtype(args.dtype, cfg, self.device)
+        self.kv_dtype = resolve_dtype(args.dtype, self.device)
         scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         kv = scheduler.kv
         self._check_pool(kv.num_blocks, kv.block_size)

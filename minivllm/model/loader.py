@@ -45,14 +45,15 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
         ) from exc
 
 
-def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    """``auto``: the checkpoint's dtype on a GPU, float32 on a CPU (CPU half precision is slow)."""
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on a CPU (CPU half precision is slow); on a GPU 16-bit, whatever the
+    checkpoint stores: bfloat16 where the GPU computes in it, float16 otherwise (a T4)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        if device.type == "cpu":
+        if device.type != "cuda":
             return torch.float32
-        return _DTYPES.get(cfg.torch_dtype, torch.float16)
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
@@ -131,7 +132,7 @@ def load_model(
     path = resolve_model_path(model)
     cfg = ModelConfig.from_file(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    torch_dtype = resolve_dtype(dtype, cfg, device)
+    torch_dtype = resolve_dtype(dtype, device)
     backend = get_attention_backend(attention_backend, device.type)
     with torch.device("meta"):
         net = LlamaFamilyModel(cfg, backend)
