@@ -48,7 +48,7 @@ class LLMEngine:
         )
         if custom_backend:
             self._use_attention_backend(args.attention_backend)
-        self.model_config = cfg = self.model.config
+        self.model_config = self.model.config
         self.device = self.model.lm_head.weight.device
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_ids()
