@@ -187,7 +187,7 @@ def scenario_table(long_tokens: int, repeats: int) -> list[str]:
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times = {}
     for backend in BACKENDS:
-        llm = LLM(attention_backend=backend, enable_prefix_caching=False)
+        llm = LLM(attention_backend=backend, enable_prefix_caching=False, cpu_threads=torch.get_num_threads())
         cases = {name: partial(llm.generate, ps, params, use_tqdm=False) for name, ps in prompts.items()}
         times[backend] = interleaved_medians(cases, repeats)
     lines = ["| scenario | " + " | ".join(f"{b} (s)" for b in BACKENDS) + " | torch_padded / torch |",

@@ -81,7 +81,7 @@ def make_trace(n: int, seed: int):
 
 
 def profile(requests: int, max_num_seqs: int, seed: int = 0) -> tuple[dict[str, float], float, int]:
-    llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024)
+    llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024, cpu_threads=torch.get_num_threads())
     vocab = llm.engine.model_config.vocab_size
     trace = make_trace(requests, seed)
     prompts = [it.prompt_token_ids(vocab) for it in trace]

@@ -53,7 +53,8 @@ def run_hf(trace, vocab: int, batch: int) -> float:
 
 
 def run_minivllm(trace, vocab: int, **engine_args) -> tuple[float, dict]:
-    llm = LLM(**engine_args)
+    # the same thread count as transformers got: a side-by-side comparison
+    llm = LLM(cpu_threads=torch.get_num_threads(), **engine_args)
     prompts = [it.prompt_token_ids(vocab) for it in trace]
     params = [it.sampling_params() for it in trace]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up

@@ -234,12 +234,12 @@ def profile_summary(profiler: cProfile.Profile, elapsed_s: float, top: int = 8) 
 
 
 def run_minivllm(request: dict, threads: int | None, profile: bool = False) -> EngineRun:
-    torch.set_num_threads(TORCH_DEFAULT_THREADS if threads is None else threads)
+    torch.set_num_threads(TORCH_DEFAULT_THREADS)
     load_average = os.getloadavg()[0]
     args = request["llm_args"]
     t0 = time.perf_counter()
     llm = LLM(request["model"], dtype=args["dtype"], max_model_len=args["max_model_len"],
-              max_num_seqs=args["max_num_seqs"])
+              max_num_seqs=args["max_num_seqs"], cpu_threads=threads)
     load_s = time.perf_counter() - t0
 
     prompts = request["prompts"]
@@ -259,8 +259,8 @@ def run_minivllm(request: dict, threads: int | None, profile: bool = False) -> E
     elapsed_s = time.perf_counter() - t0
 
     used = torch.get_num_threads()
-    how = ("torch default" if threads is None
-           else f"--threads {threads}; default {TORCH_DEFAULT_THREADS}")
+    how = ("the engine's choice for this model" if threads is None
+           else f"--threads {threads}; torch's default {TORCH_DEFAULT_THREADS}")
     return EngineRun(
         engine=f"minivllm {minivllm.__version__}",
         threads=f"{plural(used, 'torch thread')} ({how})",

@@ -94,6 +94,7 @@ class EngineArgs:
     scheduling_policy: Any = "fcfs"  # "fcfs" | "priority" | <SchedulingPolicy instance>
     tokenizer: str | None = None  # tokenizer directory if not the model's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts in, token ids out
+    cpu_threads: int | None = None  # torch threads on a CPU; None: 1 for small models (see engine)
     debug_checks: bool = False  # check KV invariants and every K/V read after each step
     engine_core: Any = None  # the step loop: an EngineCore subclass or factory (default EngineCore)
 
@@ -116,6 +117,7 @@ class EngineArgs:
         # a request needs one prompt token and room to generate one token
         check_int("max_model_len", self.max_model_len, 2, allow_none=True)
         check_int("seed", self.seed, 0, allow_none=True)
+        check_int("cpu_threads", self.cpu_threads, 1, allow_none=True)
         for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks"):
             check_bool(name, getattr(self, name))
         check_bool("enable_prefix_caching", self.enable_prefix_caching, allow_none=True)

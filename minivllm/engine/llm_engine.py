@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
+SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see LLMEngine._set_cpu_threads)
+logger = logging.getLogger("minivllm")
 _BOOKKEEPING_BYTES_PER_BLOCK = 200  # a KVCacheBlock object and its list entries, roughly
 
 
@@ -50,6 +53,7 @@ class LLMEngine:
             self._use_attention_backend(args.attention_backend)
         self.model_config = self.model.config
         self.device = self.model.lm_head.weight.device
+        self._set_cpu_threads()
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_ids()
         self.max_model_len = self._max_model_len()
@@ -94,6 +98,22 @@ class LLMEngine:
     def _use_attention_backend(self, backend) -> None:
         check_implements(backend, AttentionBackend, "attention_backend")
         self.model.set_attention_backend(backend)
+
+    def _set_cpu_threads(self) -> None:
+        """On a CPU, choose torch's (process-wide) thread count. A small model's matmuls are too
+        small to gain much from a second thread (+16 % on the tiny model on an idle 2-core
+        machine), while threads that compete with other work for the cores lose badly (the
+        tiny model at 2 threads fell to a fifth with another process busy; at 1 thread it kept
+        nearly all): see docs/benchmarks.md. So small models (hidden size < 1024) get 1 thread
+        unless ``cpu_threads`` says otherwise; larger models keep torch's default."""
+        if self.device.type != "cpu":
+            return
+        threads = self.args.cpu_threads
+        if threads is None and self.model.config.hidden_size < SMALL_MODEL_HIDDEN_SIZE:
+            threads = 1
+        if threads is not None and threads != torch.get_num_threads():
+            logger.info("minivllm: torch.set_num_threads(%d) for the CPU engine", threads)
+            torch.set_num_threads(threads)
 
     def _load_tokenizer(self):
         if self.args.skip_tokenizer_init:
