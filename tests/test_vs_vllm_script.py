@@ -121,7 +121,7 @@ def test_quick_run_through_the_driver_counts_identical_outputs_and_finds_the_dif
     rows = [line for line in out.splitlines() if line.startswith("| 1 | ")]
     assert len(rows) == 2, out
     assert rows[0].startswith("| 1 | minivllm ")
-    assert "| 1 torch thread (--threads 1; default " in rows[0]
+    assert "| 1 torch thread (--threads 1; torch's default " in rows[0]
     assert rows[1].startswith("| 1 | vLLM 0.0.stand-in")
     assert "| 1 torch thread on cores [" in rows[1]
     assert "(in-process engine, no OMP binding, OMP_NUM_THREADS=1)" in rows[1]
