@@ -272,10 +272,10 @@ def test_ragged_plan_is_built_once_per_step():
     backend.forward(step.query, step.key, step.value, step.k_cache, step.v_cache, step.meta, step.scale)
     assert step.meta.backend_cache["torch_ragged"] is plan
     assert len(plan.prefills) == 4
-    # decode contexts 41, 16, 1, 64 tokens (rows 0, 18, 24, 58): buckets within a factor of 2,
+    # decode contexts 41, 16, 1, 64 tokens (rows 0, 18, 24, 58): buckets within a factor of 1.5,
     # each gathering blocks up to its own longest context, not the step's longest
-    assert [b.token_rows.tolist() for b in plan.decode] == [[24], [18], [0, 58]]
-    assert [b.key_bias.shape[-1] for b in plan.decode] == [16, 16, 64]
+    assert [b.token_rows.tolist() for b in plan.decode] == [[24], [18], [0], [58]]
+    assert [b.key_bias.shape[-1] for b in plan.decode] == [16, 16, 48, 64]
 
 
 def test_length_buckets_bound_the_padding():
@@ -286,7 +286,7 @@ def test_length_buckets_bound_the_padding():
     assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
     for b in buckets:
         lens = [lengths[i] for i in b]
-        assert max(lens) <= 2 * min(lens) and lens == sorted(lens)
+        assert max(lens) <= 1.5 * min(lens) and lens == sorted(lens)
     assert length_buckets([]) == [] and length_buckets([7, 7, 7]) == [[0, 1, 2]]
 
 
