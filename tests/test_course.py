@@ -23,7 +23,7 @@ NAMES = course.exercise_names()
 def test_there_are_exercises():
     assert {"ex00_kv_memory", "ex01_static_waste", "ex02_continuous", "ex03_chunked_prefill",
             "ex04_block_allocator", "ex05_paged_attention_ref", "ex06_triton_kernel",
-            "ex07_prefix_cache"} <= set(NAMES)
+            "ex07_prefix_cache", "ex08_engine_step"} <= set(NAMES)
 
 
 # --- exercises/ is generated from solutions/ -----------------------------------------------------
@@ -158,6 +158,34 @@ def test_load_gives_a_fresh_module_each_time():
 
 
 # --- checks catch plausible wrong answers ------------------------------------------------------------
+# exercise 08's step, in pieces that the mutants below move around
+_EX08_COMMIT = "        self.kv.commit_written_blocks()  # the step ran: its full blocks hold K/V now\n"
+_EX08_FORK = "        self.fork_siblings(out, result)  # before update: the siblings' tokens are appended too\n"
+_EX08_EXEC = """        self.begin_step(out)
+        try:
+            result = self.executor.execute(out)
+        except BaseException as err:
+            core_out = self.fail_step(out, err, start)
+            if not isinstance(err, Exception):  # KeyboardInterrupt: the state is clean; go up
+                raise
+            return core_out
+""" + _EX08_COMMIT
+_EX08_AFTER_EXEC = _EX08_COMMIT + """        core_out = EngineCoreOutput(
+            out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs
+        )
+        self.fail_rows(result.failed, core_out)
+""" + _EX08_FORK + """        tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
+        tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}
+        finished = self.scheduler.update_from_output(tokens)
+"""
+_EX08_RECORD = """        finished = self.scheduler.update_from_output(tokens)
+        now = self.clock()
+        self.record_request_times(out, tokens, start, now)
+        for req in finished:
+            self.record_finish(req, now)
+        self.record_step(out, start, now)  # after the update: the engine as the step left it
+"""
+
 MUTANTS = [
     ("ex00_kv_memory", 'config.get("head_dim") or config["hidden_size"] // heads', 'config["hidden_size"] // heads'),
     ("ex00_kv_memory", "return 2 * layers * kv_heads", "return layers * kv_heads"),
@@ -332,6 +360,53 @@ MUTANTS = [
     ("ex07_prefix_cache", "            self._allocated_this_step.append(request)\n        return table",
      "            self._allocated_this_step.append(request)\n            request.num_computed_tokens += num_hit_tokens + num_new_tokens\n"
      "            self.commit_written_blocks()\n            request.num_computed_tokens -= num_hit_tokens + num_new_tokens\n        return table"),
+    # ex08: the step's blocks never committed (no prefix hit, with a scheduler that leaves it to the core)
+    ("ex08_engine_step", _EX08_COMMIT, ""),
+    # ex08: committed before the executor ran (a step that then fails leaves unwritten blocks shared)
+    ("ex08_engine_step", _EX08_EXEC, _EX08_EXEC.replace(_EX08_COMMIT, "").replace(
+        "        try:\n", "        self.kv.commit_written_blocks()\n        try:\n")),
+    # ex08: committed after the update (requests that finished in the step freed their blocks first)
+    ("ex08_engine_step", _EX08_AFTER_EXEC, _EX08_AFTER_EXEC.replace(_EX08_COMMIT, "") + "        self.kv.commit_written_blocks()\n"),
+    # ex08: statistics recorded before the update (batch and blocks of requests about to finish)
+    ("ex08_engine_step", _EX08_RECORD, "        now = self.clock()\n        self.record_step(out, start, now)\n"
+     "        finished = self.scheduler.update_from_output(tokens)\n" + _EX08_RECORD.split("now = self.clock()\n")[1]
+     .replace("        self.record_step(out, start, now)  # after the update: the engine as the step left it\n", "")),
+    # ex08: first-token times not stamped (in the statistics, or at all), or stamped at the step's start
+    ("ex08_engine_step", "            stats.record_first_token(rid, now)\n", ""),
+    ("ex08_engine_step", "            req.first_token_time = now\n            stats.record_first_token(rid, now)\n", ""),
+    ("ex08_engine_step", "            req.first_token_time = now\n            stats.record_first_token(rid, now)\n",
+     "            req.first_token_time = start\n            stats.record_first_token(rid, start)\n"),
+    # ex08: sampled requests looked up in the scheduler after the update (one that finished at its first token is gone)
+    ("ex08_engine_step", "req = by_id.get(rid) or self.scheduler.requests.get(rid)", "req = self.scheduler.requests.get(rid)"),
+    # ex08: a forked sibling never first-scheduled; the request's own timestamps left unset
+    ("ex08_engine_step", "            if req.first_scheduled_time is None:  # a sibling, forked in this step\n"
+     "                req.first_scheduled_time = start\n                stats.record_scheduled(rid, start)\n", ""),
+    ("ex08_engine_step", "                req.first_scheduled_time = start\n                stats.record_scheduled(req.request_id, start)\n",
+     "                stats.record_scheduled(req.request_id, start)\n"),
+    # ex08: fork siblings dropped, or forked after their tokens were appended
+    ("ex08_engine_step", _EX08_FORK, ""),
+    ("ex08_engine_step", _EX08_AFTER_EXEC, _EX08_AFTER_EXEC.replace(_EX08_FORK, "") + "        self.fork_siblings(out, result)\n"),
+    # ex08: tokens appended to requests that failed; failed rows never ended
+    ("ex08_engine_step", "        tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}\n", ""),
+    ("ex08_engine_step", "        self.fail_rows(result.failed, core_out)\n", ""),
+    # ex08: beam search's chooser ignored
+    ("ex08_engine_step", "tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)", "tokens = result.sampled"),
+    # ex08: Ctrl-C not cleaned up (only Exceptions caught), or swallowed
+    ("ex08_engine_step", "        except BaseException as err:", "        except Exception as err:"),
+    ("ex08_engine_step", "            if not isinstance(err, Exception):  # KeyboardInterrupt: the state is clean; go up\n"
+     "                raise\n", ""),
+    # ex08: the executor's log-probabilities dropped
+    ("ex08_engine_step", "            out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs\n",
+     "            out, start, start\n"),
+    # ex08: a stalled engine not reported; the plan not completed for the executor (forks, finished ids)
+    ("ex08_engine_step", "        self.end_step(out, finished)\n", ""),
+    ("ex08_engine_step", "        self.begin_step(out)\n", ""),
+    # ex08: finished requests not recorded; the end time read before the executor ran
+    ("ex08_engine_step", "        for req in finished:\n            self.record_finish(req, now)\n", ""),
+    ("ex08_engine_step", "        now = self.clock()\n", "        now = start\n"),
+    # ex08: the output's tokens or finished requests left out
+    ("ex08_engine_step", "        core_out.end_time, core_out.sampled = now, tokens\n", "        core_out.end_time = now\n"),
+    ("ex08_engine_step", "        core_out.finished.extend(finished)\n", ""),
     # ex09 (a): K or V forgotten; int4 stored as a byte; the pool counted in tokens, not blocks
     ("ex09_reasoning", "return 2 * model.num_layers", "return model.num_layers"),
     ("ex09_reasoning", "bits = DTYPE_BITS[model.kv_dtype]", "bits = max(DTYPE_BITS[model.kv_dtype], 8)"),

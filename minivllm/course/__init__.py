@@ -55,6 +55,7 @@ __all__ = [
     "Report",
     "require",
     "working",
+    "verdict",
 ]
 
 
@@ -83,15 +84,7 @@ def working(exercise: ModuleType | str) -> ModuleType:
     ``working("ex04_block_allocator")``) does not grade its base again every time it is loaded."""
     module = load(exercise) if isinstance(exercise, str) else exercise
     name = module.__exercise__
-    report = getattr(module, "__course_report__", None)
-    if report is None:
-        key = _verdict_key(module)
-        report = _VERDICTS.get(key) if key is not None else None
-        if report is None:
-            report = run_cases(name, module, cases_for(name), module.__course_source__)
-            if key is not None:
-                _VERDICTS[key] = report
-        module.__course_report__ = report
+    report = verdict(module)
     if report.passed:
         return module
     print(
@@ -99,6 +92,23 @@ def working(exercise: ModuleType | str) -> ModuleType:
         f"below use the reference solution. Fix your exercise and re-run the check cell to use yours."
     )
     return load(name, solutions=True)
+
+
+def verdict(exercise: ModuleType | str) -> Report:
+    """How an exercise module (or ``load(name)``) fares on its checks, without printing: the
+    result of its last ``check``, else a fresh run, remembered like :func:`working`'s."""
+    module = load(exercise) if isinstance(exercise, str) else exercise
+    report = getattr(module, "__course_report__", None)
+    if report is None:
+        key = _verdict_key(module)
+        report = _VERDICTS.get(key) if key is not None else None
+        if report is None:
+            name = module.__exercise__
+            report = run_cases(name, module, cases_for(name), module.__course_source__)
+            if key is not None:
+                _VERDICTS[key] = report
+        module.__course_report__ = report
+    return report
 
 
 _VERDICTS: dict[tuple[str, str, str], Report] = {}

@@ -1,0 +1,621 @@
+"""The capstone: the student's own mini-vLLM, assembled from the exercises, serving the model.
+
+Every exercise from 02 on writes one part of the engine behind one of minivllm's plug-in
+protocols. :func:`assemble` puts the student's parts together into one engine:
+
+=================  ===========================================================================
+part               whose code
+=================  ===========================================================================
+scheduler          ex03 ``ChunkedScheduler`` (built on ex02's); else ex02 ``ContinuousScheduler``
+                   alone (whole prompts, no preemption); else the reference ex03
+KV cache manager   ex07 ``PrefixCachingKVCacheManager``, built on ex04's allocator (each the
+                   student's where it passes its checks, the reference where not)
+attention          ex05 ``PagedAttentionBackend``; on a GPU (or asked) ex06's Triton decode
+                   kernel for decode-only steps, ex05's backend for the others
+step loop          ex08 ``StepLoop``
+=================  ===========================================================================
+
+A part is the student's if their file passes its checks, else the reference stands in; the
+table (:meth:`Engine.table`) says which, and how the student's file did. Exercise 03's
+scheduler admits requests without asking the prefix cache and cannot fork, so the engine is
+served twice (:func:`check_engine`): all of it the student's, on a trace with chunked prompts
+and preemption; then with minivllm's ``Scheduler`` in its place
+(:meth:`Engine.under_minivllm_scheduler`), on a trace with prefix hits, ``n > 1`` forks and preemption. Both must give minivllm's own
+engine's tokens, step for step the same decisions, and every request a time to first token.
+
+:func:`serve_engine_trace` serves the second trace with only the step loop replaced: exercise
+08's engine case.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+from minivllm import course
+from minivllm.course.grading import Mismatch
+
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 128
+
+
+# --- which code each part runs -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Part:
+    """One row of the capstone's table."""
+
+    role: str  # "scheduler", "KV cache manager", "  under it", ...
+    what: str  # the class (and what of it runs)
+    exercise: str  # "ex03_chunked_prefill", or "minivllm"
+    whose: str  # "yours" or "reference" (or "minivllm")
+    checks: str  # how the student's file fares on its checks, e.g. "✓ 14/14"
+    group: str = ""  # the part a row belongs to: "scheduler", "kv", "attention", "step loop"
+
+
+def _checks_of(module: ModuleType | None) -> str:
+    if module is None:
+        return "—"
+    report = course.verdict(module)
+    n, ok = len(report.results), report.num_passed
+    counts = report.counts()
+    extra = ", ".join(f"{counts[k]} {k}" for k in ("fail", "error", "todo") if counts[k])
+    return f"✓ {ok}/{n}" if report.passed else f"✗ {ok}/{n} ({extra})"
+
+
+def _whose(module: ModuleType) -> str:
+    return "yours" if module.__course_source__ == "exercises" else "reference"
+
+
+def _pick(name: str) -> tuple[ModuleType, ModuleType]:
+    """``(the module to run, the student's module)``: the student's file if it passes its
+    checks (under ``MINIVLLM_SOLUTIONS=1`` that file is the reference), else the reference."""
+    mine = course.load(name)
+    if course.verdict(mine).passed:
+        return mine, mine
+    return course.load(name, solutions=True), mine
+
+
+def _module_of(cls: type) -> ModuleType:
+    return sys.modules[cls.__module__]
+
+
+@dataclass
+class Engine:
+    """The parts of an engine, and how to build an ``LLM`` from them (fresh instances each
+    time: a KV cache manager holds the state of the requests it serves)."""
+
+    parts: list[Part]
+    scheduler: Any  # a class or factory for LLM(scheduler=...), or "continuous"
+    make_kv: Callable[[int, int], Any]  # (num_blocks, block_size) -> a KV cache manager
+    make_backend: Callable[[], Any]  # -> an attention backend
+    step_loop: type
+    chunked_prefill: bool = True  # the scheduler cuts prompts into chunks
+    preempts: bool = True  # the scheduler preempts when the pool is full
+    looks_up_prefixes: bool = False  # the scheduler asks the KV cache manager for prefix hits
+    forks: bool = False  # n > 1 forks off the first sample (copy-on-write)
+
+    def llm(self, num_kv_blocks: int, **engine_args):
+        """An ``LLM`` serving the tiny model with these parts (``debug_checks=True``)."""
+        from minivllm import LLM
+
+        args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), debug_checks=True)
+        if not self.chunked_prefill:
+            args["max_num_batched_tokens"] = MAX_MODEL_LEN
+        args.update(engine_args)
+        return LLM(
+            scheduler=self.scheduler,
+            kv_cache=self.make_kv(num_kv_blocks, BLOCK_SIZE),
+            attention_backend=self.make_backend(),
+            engine_core=self.step_loop,
+            enable_chunked_prefill=self.chunked_prefill,
+            **args,
+        )
+
+    def minivllm_llm(self, num_kv_blocks: int, **engine_args):
+        """minivllm's own engine with the same settings: same pool, chunking, prefix caching."""
+        from minivllm import LLM
+
+        args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype())
+        if not self.chunked_prefill:
+            args["max_num_batched_tokens"] = MAX_MODEL_LEN
+        args.update(engine_args)
+        return LLM(
+            num_kv_blocks=num_kv_blocks,
+            block_size=BLOCK_SIZE,
+            enable_chunked_prefill=self.chunked_prefill,
+            enable_prefix_caching=self.looks_up_prefixes,
+            **args,
+        )
+
+    def under_minivllm_scheduler(self) -> Engine:
+        """The same KV cache manager, attention and step loop under minivllm's ``Scheduler``,
+        which looks up the prefix cache at admission and forks ``n > 1`` samples."""
+        row = Part(
+            "scheduler",
+            "Scheduler (prefix-cache lookups, forks)",
+            "minivllm",
+            "minivllm",
+            "—",
+            "scheduler",
+        )
+        parts = [row] + [p for p in self.parts if p.group != "scheduler"]
+        return replace(
+            self,
+            parts=parts,
+            scheduler="continuous",
+            chunked_prefill=True,
+            preempts=True,
+            looks_up_prefixes=True,
+            forks=True,
+        )
+
+    def table(self) -> str:
+        """The parts as a text table: part, class, exercise, whose code ran, the checks."""
+        rows = [("part", "what runs", "exercise", "whose", "your file's checks")]
+        rows += [(p.role, p.what, p.exercise, p.whose, p.checks) for p in self.parts]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    @property
+    def all_yours(self) -> bool:
+        return all(p.whose != "reference" for p in self.parts)
+
+
+def course_dtype() -> str:
+    from minivllm.course.runtime import engine_dtype
+
+    return engine_dtype()
+
+
+def assemble(step_loop: ModuleType | type | None = None, triton: bool | None = None) -> Engine:
+    """The student's engine. ``step_loop``: exercise 08's module (or a core class); default
+    ``course.working("ex08_engine_step")``. ``triton``: use exercise 06's kernel for decode
+    steps (default: when a CUDA GPU is present; the Triton interpreter on a CPU is slow)."""
+    parts: list[Part] = []
+    scheduler, chunked, preempts = _scheduler(parts)
+    make_kv = _kv_cache(parts)
+    make_backend = _attention(parts, triton)
+    step_class = _step_loop(parts, step_loop)
+    return Engine(parts, scheduler, make_kv, make_backend, step_class, chunked, preempts)
+
+
+def _scheduler(parts: list[Part]) -> tuple[type, bool, bool]:
+    ex03, mine03 = _pick("ex03_chunked_prefill")
+    ex02_mine = course.load("ex02_continuous")
+    if (
+        ex03 is not mine03
+        and course.verdict(ex02_mine).passed
+        and ex02_mine.__course_source__ == "exercises"
+    ):
+        parts.append(
+            Part(
+                "scheduler",
+                "ContinuousScheduler (whole prompts, no preemption)",
+                "ex02_continuous",
+                "yours",
+                _checks_of(ex02_mine),
+                "scheduler",
+            )
+        )
+        parts.append(
+            Part(
+                "  not used",
+                "ChunkedScheduler",
+                "ex03_chunked_prefill",
+                "—",
+                _checks_of(mine03),
+                "scheduler",
+            )
+        )
+        return ex02_mine.ContinuousScheduler, False, False
+    cls = ex03.ChunkedScheduler
+    parts.append(
+        Part(
+            "scheduler",
+            "ChunkedScheduler.schedule",
+            "ex03_chunked_prefill",
+            _whose(ex03),
+            _checks_of(mine03),
+            "scheduler",
+        )
+    )
+    base = _module_of(cls.__mro__[1])
+    parts.append(
+        Part(
+            "  under it",
+            "ContinuousScheduler.update_from_output",
+            "ex02_continuous",
+            _whose(base),
+            _checks_of(ex02_mine),
+            "scheduler",
+        )
+    )
+    return cls, True, True
+
+
+def _kv_cache(parts: list[Part]) -> Callable[[int, int], Any]:
+    ex07, mine07 = _pick("ex07_prefix_cache")
+    parts.append(
+        Part(
+            "KV cache manager",
+            "PrefixCachingKVCacheManager",
+            "ex07_prefix_cache",
+            _whose(ex07),
+            _checks_of(mine07),
+            "kv",
+        )
+    )
+    parts.append(
+        Part(
+            "  under it",
+            "PagedKVCacheManager, BlockPool",
+            "ex04_block_allocator",
+            _whose(ex07.ex04),
+            _checks_of(course.load("ex04_block_allocator")),
+            "kv",
+        )
+    )
+    return ex07.PrefixCachingKVCacheManager
+
+
+def _attention(parts: list[Part], triton: bool | None) -> Callable[[], Any]:
+    import torch
+
+    ex05, mine05 = _pick("ex05_paged_attention_ref")
+    use_triton = torch.cuda.is_available() if triton is None else triton
+    if not use_triton:
+        parts.append(
+            Part(
+                "attention",
+                "PagedAttentionBackend",
+                "ex05_paged_attention_ref",
+                _whose(ex05),
+                _checks_of(mine05),
+                "attention",
+            )
+        )
+        return ex05.PagedAttentionBackend
+    ex06, mine06 = _pick("ex06_triton_kernel")
+    parts.append(
+        Part(
+            "attention",
+            "PagedDecodeBackend (decode-only steps)",
+            "ex06_triton_kernel",
+            _whose(ex06),
+            _checks_of(mine06),
+            "attention",
+        )
+    )
+    parts.append(
+        Part(
+            "  other steps",
+            "PagedAttentionBackend",
+            "ex05_paged_attention_ref",
+            _whose(ex05),
+            _checks_of(mine05),
+            "attention",
+        )
+    )
+
+    def make() -> Any:
+        backend = ex06.PagedDecodeBackend()
+        backend.reference = ex05.PagedAttentionBackend()  # steps with prompt tokens: your ex05
+        return backend
+
+    return make
+
+
+def _step_loop(parts: list[Part], step_loop: ModuleType | type | None) -> type:
+    if step_loop is None:
+        step_loop = course.working("ex08_engine_step")
+    if isinstance(step_loop, ModuleType):
+        report = getattr(step_loop, "__course_report__", None)
+        checks = "—" if report is None else _checks_of(step_loop)
+        parts.append(
+            Part(
+                "step loop",
+                "StepLoop.step",
+                "ex08_engine_step",
+                _whose(step_loop),
+                checks,
+                "step loop",
+            )
+        )
+        return step_loop.StepLoop
+    parts.append(Part("step loop", step_loop.__name__, "—", "yours", "—", "step loop"))
+    return step_loop
+
+
+def step_loop_runs(core_class: type) -> None:
+    """Run one step of ``core_class`` on a fake executor: a stub raises ``NotImplementedError``
+    here, cheaply, before anything is assembled."""
+    from minivllm.course.core_replay import CoreRequest, CoreSetup, run_core
+
+    run_core(core_class, [CoreRequest("probe", (1, 2), 1)], CoreSetup())
+
+
+# --- serving a trace ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServeRequest:
+    """A request of a capstone trace: text prompt, joins before step ``arrival_step``."""
+
+    request_id: str
+    prompt: str
+    max_tokens: int = 16
+    arrival_step: int = 0
+    n: int = 1
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+STORY = (
+    "Once upon a time there was a little fox who lived in a quiet forest near a river. Every "
+    "morning she walked to the water to drink, and every evening she came home to her den."
+)
+
+# Chunked prompts (a budget of 32 tokens) and a pool too small for all of them: preemption.
+CHUNKS_AND_PREEMPTION = [
+    ServeRequest("fox", STORY, 20),
+    ServeRequest(
+        "ball",
+        "Mia had a red ball. She played with it every day in the garden behind her house. "
+        "One warm day, the ball rolled under the fence, and Mia",
+        20,
+        arrival_step=1,
+    ),
+    ServeRequest("time", "Once upon a time", 24, arrival_step=1),
+    ServeRequest("market", "Tom went to the market and", 24, arrival_step=2),
+    ServeRequest(
+        "friends",
+        "Sam and Lily were friends. They liked to build towers of blocks. Lily",
+        20,
+        arrival_step=3,
+    ),
+    ServeRequest(
+        "sun", "In the morning the sun came up over the hills, and the old man", 16, arrival_step=5
+    ),
+]
+# The story again: its first blocks are in the prefix cache by the time the others arrive;
+# two samples of one prompt fork; the pool is small enough to preempt.
+PREFIX_FORKS_AND_PREEMPTION = [
+    ServeRequest("story", STORY, 16),
+    ServeRequest("story-then", STORY + " One day she", 16, arrival_step=3),
+    ServeRequest("story-again", STORY + " She liked", 12, arrival_step=6),
+    ServeRequest("two", "The little fox", 16, arrival_step=1, n=2, temperature=0.8, seed=7),
+    ServeRequest("bird", "A bird sat on a branch", 20, arrival_step=2),
+    ServeRequest("smile", "The old man smiled", 20, arrival_step=4),
+]
+POOLS = {"chunks": 9, "prefix": 11}  # KV blocks of 16 tokens (tuned to preempt; see check_engine)
+TOKEN_BUDGET = 32
+
+
+@dataclass
+class Served:
+    """One run of a trace: the tokens of every completion, what every step decided, and the
+    statistics the checks look at."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # "request[index]" -> token ids
+    texts: dict[str, str] = field(default_factory=dict)
+    cached: dict[str, int] = field(default_factory=dict)  # request -> prompt tokens from the cache
+    decisions: list[list[tuple[str, int]]] = field(default_factory=list)
+    no_ttft: list[str] = field(default_factory=list)  # finished requests without a first-token time
+    summary: dict[str, float] = field(default_factory=dict)
+    cow_copies: int = 0
+    beams: list[list[int]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+SUMMARY_KEYS = (
+    "num_steps",
+    "output_tokens",
+    "prefill_tokens",
+    "decode_tokens",
+    "preemptions",
+    "prefill_tokens_skipped",
+    "peak_kv_blocks_used",
+)
+
+
+def serve(llm, trace: Sequence[ServeRequest], max_steps: int = 600) -> Served:
+    """Serve ``trace`` on ``llm``'s engine, request ``i`` joining before step ``arrival_step``."""
+    from minivllm import SamplingParams
+
+    engine = llm.engine
+    served = Served()
+    plan = engine.core.scheduler.schedule
+
+    def recording_schedule():
+        out = plan()
+        served.decisions.append(out.decisions())
+        return out
+
+    engine.core.scheduler.schedule = recording_schedule
+    pending = sorted(trace, key=lambda r: r.arrival_step)
+    start, step = time.perf_counter(), 0
+    try:
+        while pending or engine.has_unfinished_requests():
+            while pending and pending[0].arrival_step <= step:
+                r = pending.pop(0)
+                params = SamplingParams(
+                    n=r.n,
+                    temperature=r.temperature,
+                    seed=r.seed,
+                    max_tokens=r.max_tokens,
+                    ignore_eos=True,
+                )
+                engine.add_request(r.request_id, r.prompt, params)
+            if step >= max_steps:
+                raise Mismatch(
+                    "every request finished",
+                    f"{engine.get_num_unfinished_requests()} unfinished",
+                    f"after {max_steps} steps",
+                )
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                served.cached[out.request_id] = out.num_cached_tokens
+                for c in out.outputs:
+                    served.tokens[f"{out.request_id}[{c.index}]"] = list(c.token_ids)
+                    served.texts[f"{out.request_id}[{c.index}]"] = c.text
+            step += 1
+    finally:
+        del engine.core.scheduler.schedule
+    served.seconds = time.perf_counter() - start
+    stats = engine.get_stats()
+    served.summary = {k: stats.summary()[k] for k in SUMMARY_KEYS}
+    served.cow_copies = sum(s.num_cow_copies for s in stats.steps)
+    served.no_ttft = sorted(
+        rid
+        for rid, m in stats.requests.items()
+        if m.finished_time is not None and m.first_token_time is None
+    )
+    return served
+
+
+def compare_served(expected: Served, got: Served, label: str) -> None:
+    """Raise :class:`Mismatch` at the first difference: a step's decisions, a completion's
+    tokens, the prompt tokens served from the cache, the run's counts, a missing TTFT."""
+    for t, (want, have) in enumerate(zip(expected.decisions, got.decisions, strict=False)):
+        if want != have:
+            raise Mismatch(want, have, f"{label}: step {t}, (request, tokens)")
+    if len(expected.decisions) != len(got.decisions):
+        raise Mismatch(f"{len(expected.decisions)} steps", f"{len(got.decisions)} steps", label)
+    for key, want in expected.tokens.items():
+        if got.tokens.get(key) != want:
+            raise Mismatch(want, got.tokens.get(key), f"{label}: the tokens of {key}")
+    if got.cached != expected.cached:
+        raise Mismatch(
+            expected.cached, got.cached, f"{label}: prompt tokens served from the prefix cache"
+        )
+    if got.summary != expected.summary:
+        keys = [k for k in expected.summary if expected.summary[k] != got.summary.get(k)]
+        raise Mismatch(
+            {k: expected.summary[k] for k in keys},
+            {k: got.summary.get(k) for k in keys},
+            f"{label}: the run's statistics",
+        )
+    if got.no_ttft:
+        raise Mismatch([], got.no_ttft, f"{label}: finished requests without a time to first token")
+    if got.beams != expected.beams:
+        raise Mismatch(expected.beams, got.beams, f"{label}: beam search's beams")
+
+
+def bound_steps(llm, limit: int) -> None:
+    """Make ``llm``'s engine core raise :class:`Mismatch` after ``limit`` steps, so that a
+    broken step loop fails a check instead of running forever (beam search has no limit)."""
+    core = llm.engine.core
+    step = core.step
+    count = 0
+
+    def bounded(*args, **kwargs):
+        nonlocal count
+        count += 1
+        if count > limit:
+            raise Mismatch(f"at most {limit} steps", "more", "the run did not finish")
+        return step(*args, **kwargs)
+
+    core.step = bounded
+
+
+def _beams(llm) -> list[list[int]]:
+    from minivllm import BeamSearchParams
+
+    bound_steps(llm, 100)
+    out = llm.beam_search(
+        ["Tom went to the market and"], BeamSearchParams(beam_width=2, max_tokens=6)
+    )[0]
+    return [list(s.token_ids) for s in out.sequences]
+
+
+def serve_engine_trace(step_loop: type | None) -> Served:
+    """Exercise 08's engine case: the prefix/fork/preemption trace and a beam search, served
+    with ``LLM(engine_core=step_loop)`` over minivllm's scheduler (committing left to the core)
+    and paged KV cache manager; ``None``: minivllm's own engine."""
+    from minivllm import LLM
+    from minivllm.course.core_replay import CoreCommitsScheduler, LoggedKV
+    from minivllm.course.kv_replay import one_cpu_thread
+
+    args = dict(
+        max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET
+    )
+    def make():
+        if step_loop is None:
+            return LLM(num_kv_blocks=POOLS["prefix"], **args)
+        kv = LoggedKV(POOLS["prefix"], BLOCK_SIZE)
+        return LLM(engine_core=step_loop, scheduler=CoreCommitsScheduler, kv_cache=kv, debug_checks=True, **args)
+
+    with one_cpu_thread():
+        served = serve(make(), PREFIX_FORKS_AND_PREEMPTION)
+        served.beams = _beams(make())
+    return served
+
+
+# --- checking the assembled engine -------------------------------------------------------------
+@dataclass
+class CapstoneRun:
+    label: str
+    engine: Engine
+    yours: Served
+    minivllm: Served
+
+
+def run_engine(engine: Engine) -> list[CapstoneRun]:
+    """Serve the capstone's traces with ``engine`` and with minivllm's own engine: all the
+    student's parts on the chunk/preemption trace; the same under minivllm's scheduler on the
+    prefix/fork/preemption trace."""
+    from minivllm.course.kv_replay import one_cpu_thread
+
+    runs = []
+    with one_cpu_thread():
+        budget = {"max_num_batched_tokens": TOKEN_BUDGET} if engine.chunked_prefill else {}
+        pool = POOLS["chunks"] if engine.preempts else 64
+        runs.append(
+            CapstoneRun(
+                "your engine",
+                engine,
+                serve(engine.llm(pool, **budget), CHUNKS_AND_PREEMPTION),
+                serve(engine.minivllm_llm(pool, **budget), CHUNKS_AND_PREEMPTION),
+            )
+        )
+        under = engine.under_minivllm_scheduler()
+        budget = {"max_num_batched_tokens": TOKEN_BUDGET}
+        runs.append(
+            CapstoneRun(
+                "under minivllm's scheduler",
+                under,
+                serve(under.llm(POOLS["prefix"], **budget), PREFIX_FORKS_AND_PREEMPTION),
+                serve(under.minivllm_llm(POOLS["prefix"], **budget), PREFIX_FORKS_AND_PREEMPTION),
+            )
+        )
+    return runs
+
+
+def check_engine(engine: Engine) -> list[CapstoneRun]:
+    """Both runs must match minivllm's own engine; each trace must also have done what it is
+    there for (a guard on the traces: preemption, prefix hits, copy-on-write)."""
+    runs = run_engine(engine)
+    for run in runs:
+        compare_served(run.minivllm, run.yours, run.label)
+    first, second = runs[0].minivllm, runs[1].minivllm
+    if engine.preempts and first.summary["preemptions"] == 0:
+        raise AssertionError(
+            "the chunk/preemption trace no longer preempts: retune POOLS['chunks']"
+        )
+    if (
+        second.summary["preemptions"] == 0
+        or second.summary["prefill_tokens_skipped"] == 0
+        or second.cow_copies == 0
+    ):
+        raise AssertionError(
+            f"the prefix/fork trace lost a feature: {second.summary}, {second.cow_copies} copies"
+        )
+    return runs
