@@ -222,6 +222,18 @@ def test_metrics_are_recorded_per_step_and_per_request():
     assert summary["output_tokens"] == sum(m.num_output_tokens for m in st.requests.values())
 
 
+def test_a_request_that_ends_at_its_first_token_has_a_ttft():
+    """max_tokens=1 (and n=2 siblings that end with their first token): the request has left the
+    scheduler when the step's times are stamped; it still gets its first-token time."""
+    llm = LLM()
+    outs = llm.generate(["Once upon a time", "The little fox"], SamplingParams(max_tokens=1, n=2, seed=1), use_tqdm=False)
+    assert all(len(c.token_ids) == 1 for o in outs for c in o.outputs)
+    metrics = llm.stats().requests
+    assert len(metrics) >= 2
+    for rid, m in metrics.items():
+        assert m.ttft is not None and 0 <= m.ttft <= m.e2e_latency, rid
+
+
 def test_detokenizer_cuts_at_the_earliest_stop_string():
     from minivllm.engine.detokenizer import IncrementalDetokenizer
 

@@ -247,9 +247,14 @@ class EngineCore:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
                 stats.record_scheduled(req.request_id, start)
+        # the step's requests and the siblings it forked: one that finished at its first token
+        # has already left the scheduler (beam search's forks are only in the scheduler)
+        by_id = {req.request_id: req for req in out.requests}
+        for kids in out.forks.values():
+            by_id.update((kid.request_id, kid) for kid in kids)
         requests = self.scheduler.requests
         for rid in sampled:
-            req = requests.get(rid)
+            req = by_id.get(rid) or requests.get(rid)
             if req is not None and req.first_token_time is None:
                 req.first_token_time = now
                 if req.first_scheduled_time is None:  # a forked sibling
