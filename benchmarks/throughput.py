@@ -9,7 +9,10 @@
 Every request asks for exactly its trace output length (``ignore_eos``), greedy. Throughput
 counts only the tokens requests asked for (padding and post-finish tokens are waste).
 
-    python benchmarks/throughput.py [--requests 96] [--batch 8] [--seed 0] [--skip-hf]
+    python benchmarks/throughput.py [--requests 96] [--batch 8] [--seed 0] [--skip-hf] [--device cuda]
+
+Both engines run on the same device in the same dtype: float32 on a CPU, on a GPU what
+``LLM(dtype="auto")`` picks there (bfloat16, or float16 on a T4).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 import minivllm
 from minivllm import LLM
+from minivllm.course.runtime import engine_dtype
 from minivllm.workloads import LogNormalLengths, chat
 
 # The tiny model's context is 2048 tokens; a ShareGPT-shaped trace scaled down by ~2.5x keeps
@@ -30,10 +34,10 @@ PROMPT = LogNormalLengths(mean=64, sigma=0.8, low=4, high=512)
 OUTPUT = LogNormalLengths(mean=128, sigma=0.9, low=4, high=768)
 
 
-def run_hf(trace, vocab: int, batch: int) -> float:
+def run_hf(trace, vocab: int, batch: int, device: str, dtype: torch.dtype) -> float:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(minivllm.TINY_MODEL_DIR, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(minivllm.TINY_MODEL_DIR, dtype=dtype).to(device).eval()
     items = list(trace)
     t0 = time.perf_counter()
     for i in range(0, len(items), batch):
@@ -45,11 +49,18 @@ def run_hf(trace, vocab: int, batch: int) -> float:
         for r, p in enumerate(prompts):  # left padding, as decoder-only batching requires
             ids[r, width - len(p) :] = torch.tensor(p)
             mask[r, width - len(p) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
         new = max(it.output_len for it in group)
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
                            do_sample=False, eos_token_id=None, pad_token_id=0)
+    _sync(device)
     return time.perf_counter() - t0
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def run_minivllm(trace, vocab: int, **engine_args) -> tuple[float, dict]:
@@ -61,6 +72,7 @@ def run_minivllm(trace, vocab: int, **engine_args) -> tuple[float, dict]:
     llm.reset_stats()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
+    _sync(str(llm.engine.device))
     elapsed = time.perf_counter() - t0
     assert [len(o.outputs[0].token_ids) for o in outs] == [it.output_len for it in trace]
     return elapsed, llm.stats().summary()
@@ -74,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
+    dtype_name = "float32" if args.device == "cpu" else engine_dtype(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"$ python benchmarks/throughput.py {' '.join(sys.argv[1:] if argv is None else argv)}")
@@ -82,15 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     vocab = minivllm.model.ModelConfig.from_file(minivllm.TINY_MODEL_DIR).vocab_size
     useful = trace.num_output_tokens
     print(trace.describe())
-    print(f"torch threads: {torch.get_num_threads()}\n")
+    where = f"torch threads: {torch.get_num_threads()}" if args.device == "cpu" else args.device
+    print(f"{where}, {dtype_name}\n")
     rows = []
     if not args.skip_hf:
-        t = run_hf(trace, vocab, args.batch)
+        t = run_hf(trace, vocab, args.batch, args.device, getattr(torch, dtype_name))
         rows.append((f"transformers generate, static B={args.batch}", t, None))
+    on = dict(device=args.device, dtype=dtype_name)
     t, s = run_minivllm(trace, vocab, scheduler="static", kv_cache="contiguous",
-                        max_num_seqs=args.batch, max_model_len=1536)
+                        max_num_seqs=args.batch, max_model_len=1536, **on)
     rows.append((f"minivllm static B={args.batch}, contiguous KV", t, s))
-    t, s = run_minivllm(trace, vocab, max_num_seqs=args.max_num_seqs, max_model_len=1536)
+    t, s = run_minivllm(trace, vocab, max_num_seqs=args.max_num_seqs, max_model_len=1536, **on)
     rows.append((f"minivllm continuous + paged (max {args.max_num_seqs} seqs)", t, s))
     base = rows[0][1]
     print("| engine | time (s) | useful output tok/s | vs first row | mean seqs per step |")
