@@ -13,7 +13,10 @@ real engine and times each phase of every step by wrapping the engine's own meth
 
 "other" is the rest of ``LLMEngine.step`` (the step loop, statistics, block commits).
 
-    python benchmarks/step_profile.py [--requests 128] [--threads 1] [--max-num-seqs 64]
+    python benchmarks/step_profile.py [--requests 128] [--threads 1] [--max-num-seqs 64] [--ops]
+
+``--ops`` serves the trace a second time under ``torch.profiler`` and prints the operators that
+take the most time (matrix multiplies of the linear layers, attention, the K/V gathers, ...).
 """
 
 from __future__ import annotations
@@ -94,12 +97,35 @@ def profile(requests: int, max_num_seqs: int, seed: int = 0) -> tuple[dict[str, 
     return totals, wall, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
+def op_profile(requests: int, max_num_seqs: int, seed: int = 0, top: int = 12) -> str:
+    """The same trace under ``torch.profiler``: a table of the operators with the most self time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024, cpu_threads=torch.get_num_threads())
+    vocab = llm.engine.model_config.vocab_size
+    trace = make_trace(requests, seed)
+    prompts = [it.prompt_token_ids(vocab) for it in trace]
+    params = [SamplingParams(temperature=0, max_tokens=it.output_len, ignore_eos=True) for it in trace]
+    llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    lines = ["| operator | calls | self time (s) | share of all operator time |", "|---|---:|---:|---:|"]
+    for e in events[:top]:
+        lines.append(f"| `{e.key}` | {e.count} | {e.self_cpu_time_total / 1e6:.2f} | "
+                     f"{e.self_cpu_time_total / total:.1%} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ops", action="store_true", help="also: the top operators under torch.profiler")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"$ python benchmarks/step_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}")
@@ -117,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| **all steps** | {step:.2f} | 100% |")
     print(f"\nmodel forward is {forward / step:.0%} of the step; everything around it "
           f"{1 - forward / step:.0%}")
+    if args.ops:
+        print("\ntorch.profiler, the same trace again (operators' self time, the profiler's own cost "
+              "included):\n")
+        print(op_profile(args.requests, args.max_num_seqs, args.seed))
     return 0
 
 
