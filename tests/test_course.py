@@ -509,6 +509,20 @@ def test_working_falls_back_to_the_reference_with_a_notice(capsys):
     assert course.working(ref) is ref
 
 
+def test_working_by_name_gives_its_notice_once(capsys, monkeypatch):
+    """An exercise that loads its base by name (ex03 loads ex02) says once that the base falls
+    back, not at every load; the notebook's ``course.working(ex)`` says it every time."""
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)  # the student's file, a stub here
+    if course.verdict(course.load("ex00_kv_memory")).passed:
+        pytest.skip("exercises/ex00_kv_memory.py passes its checks here")
+    course.working("ex00_kv_memory")
+    capsys.readouterr()
+    course.working("ex00_kv_memory")
+    assert "does not pass" not in capsys.readouterr().out
+    course.working(course.load("ex00_kv_memory"))
+    assert "does not pass its checks yet" in capsys.readouterr().out
+
+
 # --- the machinery behind the plug-in exercises ---------------------------------------------------
 def test_protocol_only_kv_refuses_what_the_protocol_does_not_offer():
     from minivllm.core.kv_cache_manager import KVCacheManager

@@ -81,17 +81,25 @@ def working(exercise: ModuleType | str) -> ModuleType:
 
     A fresh run's verdict is remembered for as long as no exercise file in the module's folder
     changes, so that an exercise built on another one (exercise 07 imports
-    ``working("ex04_block_allocator")``) does not grade its base again every time it is loaded."""
+    ``working("ex04_block_allocator")``) does not grade its base again every time it is loaded.
+    Called with a module (the notebook's ``ex = course.working(ex)``) it always says when it
+    falls back; called with a name (an exercise loading its base) it says so once per verdict."""
     module = load(exercise) if isinstance(exercise, str) else exercise
     name = module.__exercise__
     report = verdict(module)
     if report.passed:
         return module
-    print(
-        f"note: {name} does not pass its checks yet ({report.summary_line().strip()}); the cells "
-        f"below use the reference solution. Fix your exercise and re-run the check cell to use yours."
-    )
+    key = (name, _verdict_key(module), report.summary_line())
+    if not isinstance(exercise, str) or key not in _NOTICES_GIVEN:
+        _NOTICES_GIVEN.add(key)
+        print(
+            f"note: {name} does not pass its checks yet ({report.summary_line().strip()}); the cells "
+            f"below use the reference solution. Fix your exercise and re-run the check cell to use yours."
+        )
     return load(name, solutions=True)
+
+
+_NOTICES_GIVEN: set[tuple] = set()
 
 
 def verdict(exercise: ModuleType | str) -> Report:
