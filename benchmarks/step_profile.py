@@ -83,13 +83,19 @@ def make_trace(n: int, seed: int):
     return fixed(PROMPT.sample(rng, n), OUTPUT.sample(rng, n), seed=seed, name="profile")
 
 
-def profile(requests: int, max_num_seqs: int, seed: int = 0) -> tuple[dict[str, float], float, int]:
+def warm_engine(requests: int, max_num_seqs: int, seed: int = 0):
+    """An engine warmed up on the trace's first prompts, and the trace's prompts and params."""
     llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024, cpu_threads=torch.get_num_threads())
     vocab = llm.engine.model_config.vocab_size
     trace = make_trace(requests, seed)
     prompts = [it.prompt_token_ids(vocab) for it in trace]
     params = [SamplingParams(temperature=0, max_tokens=it.output_len, ignore_eos=True) for it in trace]
     llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
+    return llm, prompts, params
+
+
+def profile(requests: int, max_num_seqs: int, seed: int = 0) -> tuple[dict[str, float], float, int]:
+    llm, prompts, params = warm_engine(requests, max_num_seqs, seed)
     totals = instrument(llm)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -102,12 +108,7 @@ def op_profile(requests: int, max_num_seqs: int, seed: int = 0, top: int = 12) -
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024, cpu_threads=torch.get_num_threads())
-    vocab = llm.engine.model_config.vocab_size
-    trace = make_trace(requests, seed)
-    prompts = [it.prompt_token_ids(vocab) for it in trace]
-    params = [SamplingParams(temperature=0, max_tokens=it.output_len, ignore_eos=True) for it in trace]
-    llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
+    llm, prompts, params = warm_engine(requests, max_num_seqs, seed)
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         llm.generate(prompts, params, use_tqdm=False)
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM
-from minivllm.course.arrivals import Arrival, one_cpu_thread, serve_arrivals
+from minivllm.course.arrivals import Arrival, serve_arrivals
+from minivllm.course.runtime import one_cpu_thread
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -169,11 +169,7 @@ class EngineCore:
         sched = self.scheduler
         start = self.clock()
         out = sched.schedule()
-        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
-        if self._pending_forks:
-            self._attach_forks(out)
-        if self.kv_write_tracker is not None:
-            self.kv_write_tracker.check_step(out)
+        self._begin_step(out)
         try:
             result = self.executor.execute(out)
         except BaseException as err:
@@ -200,11 +196,25 @@ class EngineCore:
             self._record_finish(req, now)
         core_out.finished.extend(finished)
         self._record_step(out, start, now)
-        if not out.requests and not out.preempted and not finished and sched.has_unfinished_requests():
+        self._end_step(out, finished)
+        return core_out
+
+    def _begin_step(self, out: SchedulerOutput) -> None:
+        """Complete the plan for the executor: requests that ended since the last step, siblings
+        that fork off a leader sampling now; with ``debug_checks``, check every K/V read."""
+        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
+        if self._pending_forks:
+            self._attach_forks(out)
+        if self.kv_write_tracker is not None:
+            self.kv_write_tracker.check_step(out)
+
+    def _end_step(self, out: SchedulerOutput, finished: list[Request]) -> None:
+        """A step that planned, preempted and ended nothing while requests wait is a stall;
+        with ``debug_checks``, the KV manager's invariants."""
+        if not out.requests and not out.preempted and not finished and self.scheduler.has_unfinished_requests():
             raise EngineStalledError(self._stall_message())
         if self.debug_checks:
             self.check_invariants()
-        return core_out
 
     def _attach_forks(self, out: SchedulerOutput) -> None:
         """Tell the executor which siblings draw their first token from a leader's row."""

@@ -9,8 +9,7 @@ every machine. Used by notebook 09 and by the checks of exercise 09.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minivllm.sampling_params import SamplingParams
@@ -88,19 +87,3 @@ def serve_arrivals(llm_or_engine, arrivals: Sequence[Arrival], max_steps: int = 
                 run.tokens[out.request_id] = list(out.outputs[0].token_ids)
         step += 1
     return run
-
-
-@contextmanager
-def one_cpu_thread() -> Iterator[None]:
-    """Serve the tiny model with one CPU thread, then restore the setting: its matrices are too
-    small to gain from several threads, and threads that compete for busy cores slow every step
-    down severalfold. Does nothing on a GPU."""
-    import torch
-
-    before = torch.get_num_threads()
-    if not torch.cuda.is_available():
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -542,7 +542,7 @@ def serve_engine_trace(step_loop: type | None) -> Served:
     and paged KV cache manager; ``None``: minivllm's own engine."""
     from minivllm import LLM
     from minivllm.course.core_replay import CoreCommitsScheduler, LoggedKV
-    from minivllm.course.kv_replay import one_cpu_thread
+    from minivllm.course.runtime import one_cpu_thread
 
     args = dict(
         max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET
@@ -572,7 +572,7 @@ def run_engine(engine: Engine) -> list[CapstoneRun]:
     """Serve the capstone's traces with ``engine`` and with minivllm's own engine: all the
     student's parts on the chunk/preemption trace; the same under minivllm's scheduler on the
     prefix/fork/preemption trace."""
-    from minivllm.course.kv_replay import one_cpu_thread
+    from minivllm.course.runtime import one_cpu_thread
 
     runs = []
     with one_cpu_thread():

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minivllm.core.engine_core import EngineCore, EngineCoreOutput, EngineStalledError
+from minivllm.core.engine_core import EngineCore, EngineCoreOutput
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request
@@ -48,11 +48,7 @@ class EngineCoreBase(EngineCore):
         last step (``out.finished_req_ids``), the siblings that fork off a leader sampling in
         this step (``out.forks``), and -- with ``debug_checks=True`` -- check that every K/V
         slot the step reads holds what was written for that token."""
-        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
-        if self._pending_forks:
-            self._attach_forks(out)
-        if self.kv_write_tracker is not None:
-            self.kv_write_tracker.check_step(out)
+        self._begin_step(out)
 
     # --- when something failed ------------------------------------------------------------------
     def fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> EngineCoreOutput:
@@ -89,13 +85,4 @@ class EngineCoreBase(EngineCore):
         """Raise ``EngineStalledError`` if the step planned nothing, preempted nobody and ended
         nobody while requests are unfinished (they could never be scheduled); with
         ``debug_checks=True``, check the KV cache manager's invariants."""
-        sched = self.scheduler
-        if (
-            not out.requests
-            and not out.preempted
-            and not finished
-            and sched.has_unfinished_requests()
-        ):
-            raise EngineStalledError(self._stall_message())
-        if self.debug_checks:
-            self.check_invariants()
+        self._end_step(out, finished)

@@ -228,26 +228,6 @@ PROMPTS = [
 ]
 
 
-def one_cpu_thread():
-    """The tiny model's matrices are too small to gain from several CPU threads, and threads
-    that compete for busy cores slow every step down severalfold: serve with one."""
-    from contextlib import contextmanager
-
-    import torch
-
-    @contextmanager
-    def scope():
-        before = torch.get_num_threads()
-        if not torch.cuda.is_available():
-            torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-    return scope()
-
-
 def first_difference(want: Sequence[int], got: Sequence[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
 

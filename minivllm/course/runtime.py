@@ -13,6 +13,9 @@ the same numbers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 def device() -> str:
     """``"cuda"`` when a CUDA GPU is visible, else ``"cpu"``."""
@@ -51,3 +54,19 @@ def describe(where: str, dtype: str) -> str:
     gpu = f" ({torch.cuda.get_device_name(0)})" if where == "cuda" else ""
     return (f"minivllm {minivllm.__version__}, torch {torch.__version__}; model on {where}{gpu} in "
             f"{dtype}; Triton kernels run {minivllm.TRITON_MODE}")
+
+
+@contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Serve the tiny model with one CPU thread, then restore the setting: its matrices are too
+    small to gain from several threads, and threads that compete for busy cores slow every step
+    down severalfold. Does nothing on a GPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.kv_replay import expect_same_tokens, one_cpu_thread
+from minivllm.course.kv_replay import expect_same_tokens
+from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
 

@@ -16,14 +16,13 @@ is small.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from minivllm.course.grading import Case, Mismatch, case
+from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
 
@@ -245,19 +244,6 @@ def make_llm(backend=None, **engine_args):
     return LLM(attention_backend=backend, **args)
 
 
-@contextmanager
-def _one_cpu_thread() -> Iterator[None]:
-    """The tiny model's matrices are too small to gain from several CPU threads, and threads
-    that compete for busy cores slow every step down severalfold: serve with one."""
-    before = torch.get_num_threads()
-    if not torch.cuda.is_available():
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
     """Serve three greedy requests and return what each produced.
 
@@ -267,7 +253,7 @@ def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
     The second step mixes the rest of that prompt with two decodes; every later step is
     decode-only, so the backend's kernel serves all but the first two steps.
     """
-    with _one_cpu_thread():
+    with one_cpu_thread():
         return _serve(backend, max_tokens)
 
 

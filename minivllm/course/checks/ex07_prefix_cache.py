@@ -20,9 +20,9 @@ from minivllm.course.kv_replay import (
     KVSetup,
     compare_with_minivllm,
     expect_same_tokens,
-    one_cpu_thread,
     random_kv_trace,
 )
+from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 
 CASES: list[Case] = []

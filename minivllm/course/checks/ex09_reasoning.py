@@ -13,9 +13,10 @@ from functools import cache
 
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.policies import SchedulingPolicy, make_policy
-from minivllm.course.arrivals import Arrival, one_cpu_thread, serve_arrivals
+from minivllm.course.arrivals import Arrival, serve_arrivals
 from minivllm.course.checks.ex10_costs import Only
 from minivllm.course.grading import Case, Mismatch, case, expect, expect_raises
+from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 from minivllm.sim import ModelSpec, Simulator, preset
