@@ -243,3 +243,23 @@ def test_detokenizer_cuts_at_the_earliest_stop_string():
     detok = IncrementalDetokenizer(tok, [1], SamplingParams(stop=["owl", "ran"]))
     hit = detok.add_tokens(ids)  # both stop strings arrive in one step: the earlier one wins
     assert hit == "ran" and detok.text == "The fox "
+
+
+def test_step_listener_sees_every_step_and_can_be_removed():
+    llm = LLM(seed=0)
+    core = llm.engine.core
+    seen = []
+    remove = core.add_step_listener(seen.append)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    llm.generate(["Once upon a time", "The little fox"], params, use_tqdm=False)
+    assert seen and all(s.scheduler_output is not None for s in seen)
+    planned = [rid for s in seen for rid, _ in s.scheduler_output.decisions()]
+    assert {"0", "1"} <= set(planned)
+    assert sum(len(s.sampled) for s in seen) == 6  # 3 tokens for each of the two requests
+    assert sorted(r.request_id for s in seen for r in s.finished) == ["0", "1"]
+    remove()
+    n = len(seen)
+    llm.generate("Once", params, use_tqdm=False)
+    assert len(seen) == n
+    with pytest.raises(TypeError, match="callable"):
+        core.add_step_listener(42)

@@ -43,6 +43,7 @@ from minivllm.request import Request, RequestStatus
 logger = logging.getLogger("minivllm")
 
 TokenChooser = Callable[[SchedulerOutput, ModelRunnerOutput], dict[str, int]]
+StepListener = Callable[["EngineCoreOutput"], None]
 
 
 class EngineStalledError(RuntimeError):
@@ -91,6 +92,7 @@ class EngineCore:
         # n > 1: leader request id -> siblings to fork off it when it samples its first token
         self._pending_forks: dict[str, list[Request]] = {}
         self._finished_since_last_step: set[str] = set()
+        self._step_listeners: list[StepListener] = []
         self.kv_write_tracker = None
         if debug_checks:
             from minivllm.core.kv_write_tracker import KVWriteTracker
@@ -110,6 +112,27 @@ class EngineCore:
             and isinstance(self.kv, ForkingKVCacheManager)
             and getattr(self.scheduler, "supports_forking", True)
         )
+
+    # --- observing steps ---------------------------------------------------------------------
+    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
+        """Call ``listener(step_output)`` after every step, a failed one included, with what the
+        step planned (``step_output.scheduler_output``) and what it did (tokens, finished and
+        failed requests). Tests, the course and benchmarks watch the scheduler's decisions this
+        way instead of wrapping its methods. A listener must not change the engine's state; one
+        that raises propagates out of ``step()``. Returns a function that removes the listener."""
+        if not callable(listener):
+            raise TypeError(f"a step listener must be callable, got {type(listener).__name__}")
+        self._step_listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._step_listeners:
+                self._step_listeners.remove(listener)
+
+        return remove
+
+    def _notify(self, core_out: EngineCoreOutput) -> None:
+        for listener in tuple(self._step_listeners):
+            listener(core_out)
 
     # --- requests --------------------------------------------------------------------------
     def add_request(self, request: Request, siblings: Sequence[Request] = ()) -> None:
@@ -196,6 +219,7 @@ class EngineCore:
             self._record_finish(req, now)
         core_out.finished.extend(finished)
         self._record_step(out, start, now)
+        self._notify(core_out)
         self._end_step(out, finished)
         return core_out
 
@@ -249,6 +273,7 @@ class EngineCore:
         self._fail_requests({r.request_id: message for r in out.requests}, core_out)
         core_out.end_time = self.clock()
         self._record_step(out, start, core_out.end_time)
+        self._notify(core_out)
         return core_out
 
     def _record_times(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
