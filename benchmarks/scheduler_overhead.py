@@ -17,8 +17,9 @@ import random
 import sys
 import time
 
-from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.math_utils import cdiv
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 

@@ -7,8 +7,8 @@ same objects from the same arguments.
 The three plug-in points take a name *or* an object that implements the protocol
 (``minivllm.core.interfaces``, ``minivllm.attention``):
 
-* ``kv_cache="paged" | "contiguous" | <KVCacheManager instance>``
-* ``scheduler="continuous" | "static" | <Scheduler instance> | <factory(config, kv) -> Scheduler>``
+* ``kv_cache="paged" | "contiguous" | <KVCacheManagerInterface instance>``
+* ``scheduler="continuous" | "static" | <SchedulerInterface instance> | <factory(config, kv)>``
 * ``attention_backend="auto" | "torch" | "torch_padded" | "triton" | <backend instance>``
 
 and the step loop itself can be replaced: ``engine_core=<EngineCore subclass or factory>``.
@@ -17,12 +17,11 @@ and the step loop itself can be replaced: ``engine_core=<EngineCore subclass or 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from minivllm.core.interfaces import KVCacheManager, Scheduler, check_implements
+from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface, check_implements
 from minivllm.core.policies import make_policy
 from minivllm.core.scheduler import SchedulerConfig
 
@@ -48,16 +47,6 @@ def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
         return
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {name}={value!r} ({type(value).__name__})")
-
-
-def check_real(name: str, value: Any, minimum: float | None = None) -> None:
-    """A finite real number (not a bool), optionally >= ``minimum``."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {name}={value!r} ({type(value).__name__})")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {name}={value}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
 
 
 def _check_choice(
@@ -121,8 +110,8 @@ class EngineArgs:
         for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks"):
             check_bool(name, getattr(self, name))
         check_bool("enable_prefix_caching", self.enable_prefix_caching, allow_none=True)
-        _check_choice("scheduler", self.scheduler, SCHEDULERS, Scheduler, factory_ok=True)
-        _check_choice("kv_cache", self.kv_cache, KV_CACHES, KVCacheManager)
+        _check_choice("scheduler", self.scheduler, SCHEDULERS, SchedulerInterface, factory_ok=True)
+        _check_choice("kv_cache", self.kv_cache, KV_CACHES, KVCacheManagerInterface)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS, None)
         if self.engine_core is not None and not callable(self.engine_core):
             raise TypeError(
@@ -176,7 +165,7 @@ class EngineArgs:
         )
 
 
-def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> Scheduler:
+def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> SchedulerInterface:
     """The scheduler (with its KV cache manager) that ``args`` describe.
 
     ``num_blocks()`` sizes a built-in KV pool; it is not called when ``args`` bring their own
@@ -186,21 +175,21 @@ def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[
     if not isinstance(args.scheduler, str) and not callable(args.scheduler):  # an instance
         if not isinstance(args.kv_cache, str) and args.kv_cache is not args.scheduler.kv:
             raise ValueError("kv_cache= and scheduler= were given different KV cache managers")
-        check_implements(args.scheduler.kv, KVCacheManager, "scheduler.kv")
+        check_implements(args.scheduler.kv, KVCacheManagerInterface, "scheduler.kv")
         return args.scheduler
     kv = build_kv_cache_manager(args, max_model_len, num_blocks)
     if callable(args.scheduler) and not isinstance(args.scheduler, str):
         scheduler = args.scheduler(sched_cfg, kv)
-        check_implements(scheduler, Scheduler, "scheduler")
+        check_implements(scheduler, SchedulerInterface, "scheduler")
         return scheduler
-    from minivllm.core.scheduler import Scheduler as ContinuousScheduler
+    from minivllm.core.scheduler import Scheduler
     from minivllm.core.static_scheduler import StaticBatchScheduler
 
-    cls = StaticBatchScheduler if args.scheduler == "static" else ContinuousScheduler
+    cls = StaticBatchScheduler if args.scheduler == "static" else Scheduler
     return cls(sched_cfg, kv)
 
 
-def build_engine_core(args: EngineArgs, scheduler: Scheduler, executor, clock):
+def build_engine_core(args: EngineArgs, scheduler: SchedulerInterface, executor, clock):
     """The step loop over ``scheduler`` and ``executor``: ``args.engine_core`` (a class or
     factory taking the same arguments as ``EngineCore``) or minivllm's own."""
     from minivllm.core.engine_core import EngineCore
@@ -219,8 +208,8 @@ def build_kv_cache_manager(args: EngineArgs, max_model_len: int, num_blocks: Cal
             )
         return kv
     from minivllm.core.contiguous_kv import ContiguousKVCacheManager
-    from minivllm.core.kv_cache_manager import KVCacheManager as PagedKVCacheManager
+    from minivllm.core.kv_cache_manager import KVCacheManager
 
     if args.kv_cache == "contiguous":
         return ContiguousKVCacheManager(num_blocks(), args.block_size, max_model_len)
-    return PagedKVCacheManager(num_blocks(), args.block_size, args.prefix_caching)
+    return KVCacheManager(num_blocks(), args.block_size, args.prefix_caching)

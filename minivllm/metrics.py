@@ -26,6 +26,11 @@ class StepStats:
     num_batched_seqs: int = 0  # sequences in this step's forward pass
     kv_blocks_referenced: int = 0  # sum of block-table lengths (> used when blocks are shared)
     num_cow_copies: int = 0  # blocks copied before this step (copy-on-write)
+    # the prefix cache, over the requests scheduled for the first time in this step: their
+    # tokens (what the cache was asked for) and those already in the cache (not computed)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_forked_tokens: int = 0  # tokens siblings forked in this step share instead of computing
 
     @property
     def kv_blocks_saved_by_sharing(self) -> int:
@@ -64,12 +69,21 @@ class EngineStats:
         self.steps: list[StepStats] = []
         self.requests: dict[str, RequestMetrics] = live
         self._finished_order: deque[str] = deque()
-        self.prefix_hit_rate = 0.0
-        self.prefill_tokens_skipped = 0  # prefix-cache hits + prompts shared by forking
         self.num_steps = 0
         self._totals = dict.fromkeys(_STEP_TOTALS, 0)
         self._peaks = dict.fromkeys(("kv_blocks_used", "kv_blocks_saved_by_sharing"), 0)
         self._req_totals = dict.fromkeys(("output_tokens", "ttft", "n_ttft", "tpot", "n_tpot", "e2e", "n_e2e"), 0.0)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache / prompt tokens looked up, over the run."""
+        queries = self._totals["prefix_cache_queries"]
+        return self._totals["prefix_cache_hits"] / queries if queries else 0.0
+
+    @property
+    def prefill_tokens_skipped(self) -> int:
+        """Prompt tokens never computed: prefix-cache hits plus prompts shared by forking."""
+        return self._totals["prefix_cache_hits"] + self._totals["num_forked_tokens"]
 
     # --- requests --------------------------------------------------------------------------
     def add_request(self, request_id: str, arrival_time: float) -> RequestMetrics:
@@ -109,9 +123,13 @@ class EngineStats:
                 self.requests.pop(self._finished_order.popleft(), None)
 
     # --- steps -----------------------------------------------------------------------------
-    def record_step(self, scheduler, out, start: float, duration: float) -> StepStats:
+    def record_step(
+        self, scheduler, out, start: float, duration: float, *, prefix_cache_queries: int = 0,
+        prefix_cache_hits: int = 0, num_forked_tokens: int = 0,
+    ) -> StepStats:
         """Record what one step did (``out``: its ``SchedulerOutput``), read off the scheduler
-        and its KV manager right after the step."""
+        and its KV manager right after the step; the prefix-cache figures come from the engine
+        core, which reads them off the step's plan."""
         kv = scheduler.kv
         stats = StepStats(
             step=self.num_steps,
@@ -130,6 +148,9 @@ class EngineStats:
             num_batched_seqs=len(out.requests),
             kv_blocks_referenced=kv.num_referenced_blocks,
             num_cow_copies=len(out.blocks_to_copy),
+            prefix_cache_queries=prefix_cache_queries,
+            prefix_cache_hits=prefix_cache_hits,
+            num_forked_tokens=num_forked_tokens,
         )
         self.add_step(stats)
         return stats
@@ -176,6 +197,7 @@ class EngineStats:
             "mean_tpot_s": r["tpot"] / r["n_tpot"] if r["n_tpot"] else nan,
             "mean_e2e_s": r["e2e"] / r["n_e2e"] if r["n_e2e"] else nan,
             "prefix_hit_rate": self.prefix_hit_rate,
+            "prefix_cache_hits": t["prefix_cache_hits"],
             "prefill_tokens_skipped": self.prefill_tokens_skipped,
             "peak_kv_blocks_used": self._peaks["kv_blocks_used"],
             "peak_kv_blocks_saved_by_sharing": self._peaks["kv_blocks_saved_by_sharing"],
@@ -185,5 +207,6 @@ class EngineStats:
 # StepStats fields summed over the run for EngineStats.summary()
 _STEP_TOTALS = (
     "duration", "num_prefill_tokens", "num_decode_tokens", "num_padding_tokens", "tokens_stored",
-    "slots_reserved", "num_preemptions", "num_batched_seqs",
+    "slots_reserved", "num_preemptions", "num_batched_seqs", "prefix_cache_queries", "prefix_cache_hits",
+    "num_forked_tokens",
 )

@@ -130,10 +130,6 @@ class CachingBlockPool(ex04.BlockPool):
             self.cached[block_hash] = block
             self.hash_of[block.block_id] = block_hash
 
-    def reset(self) -> None:
-        self.cached.clear()
-        self.hash_of.clear()
-
 
 # --- the manager ----------------------------------------------------------------------------------
 class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
@@ -202,9 +198,6 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
     def discard_unwritten_blocks(self) -> None:
         """The step failed: register nothing it was filling."""
         self._allocated_this_step = []
-
-    def reset_prefix_cache(self) -> None:
-        self.pool.reset()
 
     # --- copy-on-write -----------------------------------------------------------------------------
     def fork(self, parent: Any, child: Any) -> None:

@@ -35,7 +35,7 @@ and failed, the statistics and the timestamps; then the tiny model is served wit
 
 from __future__ import annotations
 
-from minivllm.core.engine_core import EngineCoreOutput
+from minivllm.core.engine_core import StepOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.course.engine_core_base import EngineCoreBase, TokenChooser
 
@@ -45,8 +45,8 @@ NOTEBOOK = "notebooks/08_serving_loop.ipynb"
 class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
-    def step(self, choose_tokens: TokenChooser | None = None) -> EngineCoreOutput:
-        """Run one step and return what it did: an ``EngineCoreOutput`` with the plan, the
+    def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
+        """Run one step and return what it did: an ``StepOutput`` with the plan, the
         step's start and end time (``self.clock()``), the tokens appended (``sampled``), the
         requests that ended (``finished``; those that failed also in ``failed``) and the
         executor's ``logprobs`` and ``prompt_logprobs``.
@@ -66,7 +66,7 @@ class StepLoop(EngineCoreBase):
                 raise
             return core_out
         self.kv.commit_written_blocks()  # the step ran: its full blocks hold K/V now
-        core_out = EngineCoreOutput(
+        core_out = StepOutput(
             out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs
         )
         self.fail_rows(result.failed, core_out)

@@ -170,7 +170,7 @@ _EX08_EXEC = """        self.begin_step(out)
                 raise
             return core_out
 """ + _EX08_COMMIT
-_EX08_AFTER_EXEC = _EX08_COMMIT + """        core_out = EngineCoreOutput(
+_EX08_AFTER_EXEC = _EX08_COMMIT + """        core_out = StepOutput(
             out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs
         )
         self.fail_rows(result.failed, core_out)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.core.interfaces import KVCacheManager, Scheduler, check_implements
+from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface, check_implements
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import RequestStatus
 
@@ -107,7 +107,6 @@ class FifoScheduler:
             n = req.num_tokens - req.num_computed_tokens
             if 0 < n <= budget and self._plan(out, req, n):
                 budget -= n
-                out.num_decode_tokens += 1
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_tokens > budget or not self._plan(out, req, req.num_tokens):
@@ -116,7 +115,6 @@ class FifoScheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             budget -= req.num_tokens
-            out.num_prefill_tokens += req.num_tokens
         return out
 
     def update_from_output(self, sampled_token_ids):
@@ -202,8 +200,8 @@ def reference_tokens() -> list[list[int]]:
 
 def test_the_plugins_meet_their_protocols():
     kv = FreeListKV(8, 16)
-    check_implements(kv, KVCacheManager, "kv_cache")
-    check_implements(FifoScheduler(None, kv), Scheduler, "scheduler")
+    check_implements(kv, KVCacheManagerInterface, "kv_cache")
+    check_implements(FifoScheduler(None, kv), SchedulerInterface, "scheduler")
 
 
 def test_a_third_party_kv_cache_manager_serves_the_model(reference_tokens):
@@ -305,7 +303,7 @@ def test_a_scheduling_policy_plugs_into_engine_and_simulator(reference_tokens):
 
 def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
     """The smallest engine step: plan, run, let the blocks join the cache, append the tokens."""
-    from minivllm.core.engine_core import EngineCore, EngineCoreOutput
+    from minivllm.core.engine_core import EngineCore, StepOutput
 
     class PlainCore(EngineCore):
         def step(self, choose_tokens=None):
@@ -318,7 +316,7 @@ def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
             for req in finished:
                 self.stats.record_finish(req, now)
             self.stats.record_step(self.scheduler, plan, start, now - start)
-            return EngineCoreOutput(plan, start, now, sampled=result.sampled, finished=finished)
+            return StepOutput(plan, start, now, sampled=result.sampled, finished=finished)
 
     llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False, engine_core=PlainCore)
     assert type(llm.engine.core) is PlainCore

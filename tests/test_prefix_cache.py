@@ -17,14 +17,15 @@ def req(rid, tokens, salt=None):
     return Request(rid, list(tokens), SamplingParams(max_tokens=50, ignore_eos=True), cache_salt=salt)
 
 
-def admit(sched: Scheduler, r: Request):
+def admit(sched: Scheduler, r: Request) -> int:
     """Schedule one step in which ``r`` is admitted (all of its prompt), and let it run: the
-    blocks it filled now hold K/V, so they join the prefix cache."""
+    blocks it filled now hold K/V, so they join the prefix cache. Returns how many of its
+    tokens the plan takes from the prefix cache (computed before the step)."""
     sched.add_request(r)
     out = sched.schedule()
     assert r in out.requests, "request was not admitted"
     sched.kv.commit_written_blocks()
-    return out
+    return out.num_computed[out.requests.index(r)]
 
 
 @pytest.fixture
@@ -49,9 +50,8 @@ def test_hash_chain_hits_and_eviction_order(sched):
     assert a_blocks[3].block_hash is None  # partial blocks are never hashed
 
     b = req("b", PREFIX + [7, 8, 9, 10, 11])  # same 48 tokens + 5
-    admit(sched, b)
+    assert admit(sched, b) == 48
     b_blocks = kv.get_blocks("b")
-    assert b.num_cached_tokens == 48
     assert b_blocks[:3] == a_blocks[:3] and all(blk.ref_cnt == 2 for blk in b_blocks[:3])
     assert b_blocks[3] not in a_blocks and kv.num_used_blocks == 5
 
@@ -77,9 +77,8 @@ def test_a_whole_prompt_hit_still_computes_the_last_token(sched):
     admit(sched, req("a", PREFIX))
     sched.finish_requests(["a"], sched.requests["a"].status.FINISHED_ABORTED)
     b = req("b", PREFIX)  # identical 48-token prompt: 3 cached blocks
-    out = admit(sched, b)
-    assert b.num_cached_tokens == 32  # only 2 blocks: the 3rd holds the last prompt token
-    assert out.decisions() == [("b", 16)]
+    assert admit(sched, b) == 32  # only 2 blocks: the 3rd holds the last prompt token
+    assert b.num_computed_tokens == 48  # the plan computed the other 16
 
 
 def test_failed_allocation_changes_no_reference_count(sched):
@@ -97,12 +96,8 @@ def test_failed_allocation_changes_no_reference_count(sched):
 
 def test_cache_salt_isolates_tenants(sched):
     admit(sched, req("a", PREFIX + [1], salt="tenant-1"))
-    b = req("b", PREFIX + [2], salt="tenant-2")
-    admit(sched, b)
-    assert b.num_cached_tokens == 0
-    c = req("c", PREFIX + [3], salt="tenant-1")
-    admit(sched, c)
-    assert c.num_cached_tokens == 48
+    assert admit(sched, req("b", PREFIX + [2], salt="tenant-2")) == 0
+    assert admit(sched, req("c", PREFIX + [3], salt="tenant-1")) == 48
 
 
 def test_fork_shares_blocks_and_copies_on_first_write():

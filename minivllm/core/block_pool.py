@@ -188,8 +188,3 @@ class BlockPool:
                 block.block_hash = block_hash
                 # If identical contents are already cached under another block, keep that one.
                 cached.setdefault(block_hash.value, block)
-
-    def reset_prefix_cache(self) -> None:
-        for block in self.cached_blocks.values():
-            block.block_hash = None
-        self.cached_blocks.clear()

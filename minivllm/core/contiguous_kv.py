@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from minivllm.core.kv_cache_manager import cdiv
+from minivllm.math_utils import cdiv
 from minivllm.request import Request
 
 
@@ -78,9 +78,6 @@ class ContiguousKVCacheManager:
         self.req_to_block_ids.pop(request.request_id, None)
         if region is not None:
             self._free_regions.append(region)
-
-    def reset_prefix_cache(self) -> None:
-        pass
 
     def commit_written_blocks(self) -> None:
         pass  # no prefix cache

@@ -8,10 +8,13 @@
     fork              n > 1: the siblings of a request that sampled its first token fork off it
     update            tokens appended, stop rules, finished requests free their blocks
     record            one StepStats, request timestamps: the same code for engine and simulator
+    report            the step's StepOutput goes to every step listener
 
 The real engine (``minivllm.engine.LLMEngine``), the GPU-scale simulator
 (``minivllm.sim.Simulator``) and beam search all drive this class, so they cannot drift apart.
-It is pure Python: the executor is the only part that may touch tensors.
+It is pure Python: the executor is the only part that may touch tensors, and of the scheduler
+and the KV cache manager it uses only what their protocols (``minivllm.core.interfaces``)
+declare. What the prefix cache saved is read off the step's plan, not asked of the parts.
 
 Failure semantics (see ``docs/architecture.md``): a request whose row cannot be sampled
 (``ModelRunnerOutput.failed``) ends with status ``FINISHED_ERROR`` and its blocks are freed; an
@@ -23,6 +26,7 @@ rest. Nothing waits forever: a step that plans nothing while requests wait raise
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -34,7 +38,7 @@ from minivllm.core.interfaces import (
     ForkingScheduler,
     Logprobs,
     ModelRunnerOutput,
-    Scheduler,
+    SchedulerInterface,
 )
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.metrics import EngineStats
@@ -43,7 +47,7 @@ from minivllm.request import Request, RequestStatus
 logger = logging.getLogger("minivllm")
 
 TokenChooser = Callable[[SchedulerOutput, ModelRunnerOutput], dict[str, int]]
-StepListener = Callable[["EngineCoreOutput"], None]
+StepListener = Callable[["StepOutput"], None]
 
 
 class EngineStalledError(RuntimeError):
@@ -51,9 +55,10 @@ class EngineStalledError(RuntimeError):
 
 
 @dataclass
-class EngineCoreOutput:
-    """What one step did.
+class StepOutput:
+    """What one engine step did (vLLM hands the same over as one step's ``EngineCoreOutputs``).
 
+    ``scheduler_output``: the step's plan; ``start_time`` / ``end_time`` on the core's clock;
     ``sampled``: request id -> the token appended this step; ``finished``: requests that ended
     in this step (stop token, length, a failed row, a failed step); ``failed``: request id ->
     error message for those that ended with an error; ``logprobs`` / ``prompt_logprobs`` as the
@@ -70,6 +75,34 @@ class EngineCoreOutput:
     prompt_logprobs: dict[str, list] = field(default_factory=dict)
 
 
+def reports_to_listeners(step: Callable[..., StepOutput]) -> Callable[..., StepOutput]:
+    """Wrap a step loop's ``step`` so that the step's :class:`StepOutput` reaches the step
+    listeners (:meth:`EngineCore.add_step_listener`) whatever the loop does inside: the output
+    it returns or -- when ``KeyboardInterrupt`` propagates out of a step whose executor failed --
+    the one :meth:`EngineCore._fail_step` built. ``EngineCore.step`` is wrapped here, and the
+    ``step`` of every subclass when the class is created (``EngineCore.__init_subclass__``), so a
+    plug-in loop (``LLM(engine_core=MyCore)``) reports its steps exactly like minivllm's own. A
+    ``step`` that calls ``super().step()`` reports once, from the outer call."""
+
+    @functools.wraps(step)
+    def step_and_report(self: EngineCore, *args, **kwargs) -> StepOutput:
+        if self._in_step:  # an inner call (super().step()): the outer one reports
+            return step(self, *args, **kwargs)
+        self._in_step, self._failed_step = True, None
+        try:
+            step_out = step(self, *args, **kwargs)
+        except BaseException:
+            failed, self._failed_step, self._in_step = self._failed_step, None, False
+            if failed is not None:
+                self._notify(failed)
+            raise
+        self._in_step = False
+        self._notify(step_out)
+        return step_out
+
+    return step_and_report
+
+
 class EngineCore:
     """Owns a scheduler (and through it the KV cache manager), an executor, the step loop and
     the statistics. ``clock`` gives the time: wall-clock for the engine, the simulated clock
@@ -77,7 +110,7 @@ class EngineCore:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: SchedulerInterface,
         executor: Executor,
         *,
         clock: Callable[[], float] = time.perf_counter,
@@ -93,11 +126,22 @@ class EngineCore:
         self._pending_forks: dict[str, list[Request]] = {}
         self._finished_since_last_step: set[str] = set()
         self._step_listeners: list[StepListener] = []
+        self._in_step = False
+        self._failed_step: StepOutput | None = None
+        # what the prefix cache and forking saved in the current step (prompt tokens):
+        # looked up, found in the cache, shared by forked siblings
+        self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
         self.kv_write_tracker = None
         if debug_checks:
             from minivllm.core.kv_write_tracker import KVWriteTracker
 
             self.kv_write_tracker = KVWriteTracker(scheduler.kv.block_size)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A subclass's own ``step`` (a plug-in step loop) reports to the step listeners too."""
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:
+            cls.step = reports_to_listeners(cls.__dict__["step"])
 
     @property
     def kv(self):
@@ -107,19 +151,18 @@ class EngineCore:
     def can_fork(self) -> bool:
         """Sharing blocks copy-on-write needs a forking scheduler over a forking KV manager
         (the static baseline and the contiguous cache cannot share)."""
-        return (
-            isinstance(self.scheduler, ForkingScheduler)
-            and isinstance(self.kv, ForkingKVCacheManager)
-            and getattr(self.scheduler, "supports_forking", True)
-        )
+        return isinstance(self.scheduler, ForkingScheduler) and isinstance(self.kv, ForkingKVCacheManager)
 
     # --- observing steps ---------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
         """Call ``listener(step_output)`` after every step, a failed one included, with what the
         step planned (``step_output.scheduler_output``) and what it did (tokens, finished and
-        failed requests). Tests, the course and benchmarks watch the scheduler's decisions this
-        way instead of wrapping its methods. A listener must not change the engine's state; one
-        that raises propagates out of ``step()``. Returns a function that removes the listener."""
+        failed requests) -- for minivllm's step loop and for a subclass's alike (see
+        :func:`reports_to_listeners`). Tests, the course and benchmarks watch the scheduler's
+        decisions this way instead of wrapping its methods. The engine's state is the one the
+        step left (``self.scheduler.running`` holds the requests that go on). A listener must not
+        change that state; one that raises propagates out of ``step()``. Returns a function that
+        removes the listener."""
         if not callable(listener):
             raise TypeError(f"a step listener must be callable, got {type(listener).__name__}")
         self._step_listeners.append(listener)
@@ -130,15 +173,16 @@ class EngineCore:
 
         return remove
 
-    def _notify(self, core_out: EngineCoreOutput) -> None:
+    def _notify(self, step_out: StepOutput) -> None:
         for listener in tuple(self._step_listeners):
-            listener(core_out)
+            listener(step_out)
 
     # --- requests --------------------------------------------------------------------------
     def add_request(self, request: Request, siblings: Sequence[Request] = ()) -> None:
         """Queue ``request``. ``siblings`` (parallel sampling): requests with the same prompt
-        that fork off ``request`` once it samples its first token, sharing its KV blocks; if
-        this engine cannot fork they are queued as independent requests."""
+        that fork off ``request`` once it samples its first token, sharing its KV blocks (each
+        needs a seat; one that finds none waits for it, see ``ForkingScheduler.fork_request``);
+        if this engine cannot fork they are queued as independent requests."""
         for r in (request, *siblings):
             if r.request_id in self.scheduler.requests or self._is_pending_sibling(r.request_id):
                 raise ValueError(f"request_id {r.request_id!r} is already in use")
@@ -185,7 +229,8 @@ class EngineCore:
         self._finished_since_last_step.add(req.request_id)
 
     # --- the loop ----------------------------------------------------------------------------
-    def step(self, choose_tokens: TokenChooser | None = None) -> EngineCoreOutput:
+    @reports_to_listeners
+    def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
         """Run one step. ``choose_tokens`` (beam search) may replace the sampled tokens: it gets
         the plan and the executor's output and returns ``{request_id: token}`` to append
         (a request left out gets no token this step and waits)."""
@@ -196,41 +241,56 @@ class EngineCore:
         try:
             result = self.executor.execute(out)
         except BaseException as err:
-            core_out = self._fail_step(out, err, start)
+            step_out = self._fail_step(out, err, start)
             if not isinstance(err, Exception):  # KeyboardInterrupt: state is clean, re-raise
                 raise
-            return core_out
+            return step_out
         self.kv.commit_written_blocks()
-        core_out = EngineCoreOutput(
+        step_out = StepOutput(
             out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
         )
         if result.failed:
-            self._fail_requests(result.failed, core_out)
+            self._fail_requests(result.failed, step_out)
         self._fork_siblings(out, result)
         tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
-        if core_out.failed:
-            tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}
+        if step_out.failed:
+            tokens = {rid: t for rid, t in tokens.items() if rid not in step_out.failed}
         finished = sched.update_from_output(tokens)
         now = self.clock()
-        core_out.end_time = now
-        core_out.sampled = tokens
+        step_out.end_time = now
+        step_out.sampled = tokens
         self._record_times(out, tokens, start, now)
         for req in finished:
             self._record_finish(req, now)
-        core_out.finished.extend(finished)
+        step_out.finished.extend(finished)
         self._record_step(out, start, now)
-        self._notify(core_out)
         self._end_step(out, finished)
-        return core_out
+        return step_out
 
     def _begin_step(self, out: SchedulerOutput) -> None:
         """Complete the plan for the executor: requests that ended since the last step, siblings
-        that fork off a leader sampling now; with ``debug_checks``, check every K/V read."""
+        that fork off a leader sampling now; note what the prefix cache saved the requests
+        scheduled for the first time; with ``debug_checks``, check every K/V read."""
         out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
         if self._pending_forks:
             self._attach_forks(out)
+        self._count_prefix_hits(out)
         if self.kv_write_tracker is not None:
             self.kv_write_tracker.check_step(out)
+
+    def _count_prefix_hits(self, out: SchedulerOutput) -> None:
+        """A request scheduled for the first time starts from what the prefix cache held: its
+        tokens already computed when the step was planned (``num_computed``) are the hits.
+        Read off the plan, so every scheduler and KV manager is counted the same way; the
+        request's ``num_cached_tokens`` (reported in its output) is set here too."""
+        queries = hits = 0
+        for req, computed in zip(out.requests, out.num_computed, strict=True):
+            if req.first_scheduled_time is None:
+                queries += req.num_tokens
+                hits += computed
+                req.num_cached_tokens = computed
+        self._prefix_queries += queries
+        self._prefix_hits += hits
 
     def _end_step(self, out: SchedulerOutput, finished: list[Request]) -> None:
         """A step that planned, preempted and ended nothing while requests wait is a stall;
@@ -253,28 +313,30 @@ class EngineCore:
             leader = self.scheduler.requests[leader_id]
             for kid in kids:
                 self.scheduler.fork_request(leader, kid)
+                if kid.status is RequestStatus.RUNNING:  # seated: it shares the leader's prompt
+                    self._forked_tokens += leader.num_computed_tokens
 
-    def _fail_requests(self, failed: dict[str, str], core_out: EngineCoreOutput) -> None:
+    def _fail_requests(self, failed: dict[str, str], step_out: StepOutput) -> None:
         """End requests whose rows failed (and their unforked siblings) with an error."""
         for rid, message in failed.items():
             for kid in self._pending_forks.get(rid, []):
-                core_out.failed[kid.request_id] = message
-            core_out.failed[rid] = message
+                step_out.failed[kid.request_id] = message
+            step_out.failed[rid] = message
         ended = self.finish_requests(list(failed), RequestStatus.FINISHED_ERROR)
-        core_out.finished.extend(ended)
+        step_out.finished.extend(ended)
 
-    def _fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> EngineCoreOutput:
+    def _fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> StepOutput:
         """The executor raised: end every request of the step with the error, keep the rest."""
         self.kv.discard_unwritten_blocks()
         message = f"{type(err).__name__}: {err}"
         if isinstance(err, Exception):
             logger.error("a step of %d request(s) failed: %s", len(out.requests), message, exc_info=err)
-        core_out = EngineCoreOutput(out, start, start)
-        self._fail_requests({r.request_id: message for r in out.requests}, core_out)
-        core_out.end_time = self.clock()
-        self._record_step(out, start, core_out.end_time)
-        self._notify(core_out)
-        return core_out
+        step_out = StepOutput(out, start, start)
+        self._fail_requests({r.request_id: message for r in out.requests}, step_out)
+        step_out.end_time = self.clock()
+        self._record_step(out, start, step_out.end_time)
+        self._failed_step = step_out  # reported by reports_to_listeners if an interrupt propagates
+        return step_out
 
     def _record_times(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
         stats = self.stats
@@ -298,12 +360,11 @@ class EngineCore:
                 stats.record_first_token(rid, now)
 
     def _record_step(self, out: SchedulerOutput, start: float, now: float) -> None:
-        sched = self.scheduler
-        self.stats.record_step(sched, out, start, now - start)
-        self.stats.prefix_hit_rate = getattr(sched, "prefix_hit_rate", 0.0)
-        self.stats.prefill_tokens_skipped = getattr(sched, "prefix_hit_tokens", 0) + getattr(
-            sched, "num_forked_tokens", 0
+        self.stats.record_step(
+            self.scheduler, out, start, now - start, prefix_cache_queries=self._prefix_queries,
+            prefix_cache_hits=self._prefix_hits, num_forked_tokens=self._forked_tokens,
         )
+        self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
 
     def _stall_message(self) -> str:
         sched, kv = self.scheduler, self.kv
@@ -315,11 +376,8 @@ class EngineCore:
         )
 
     def reset_stats(self) -> None:
-        """Start the statistics afresh (after a warm-up, say), prefix-cache counters included."""
+        """Start the statistics afresh (after a warm-up, say)."""
         self.stats.reset()
-        for counter in ("prefix_query_tokens", "prefix_hit_tokens", "num_forked_tokens"):
-            if hasattr(self.scheduler, counter):
-                setattr(self.scheduler, counter, 0)
 
     def check_invariants(self) -> None:
         """The KV manager's own invariants, over the requests the scheduler says are live."""

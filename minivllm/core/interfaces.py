@@ -5,14 +5,20 @@ them, and ``LLM(...)`` / ``Simulator(...)`` accept an instance (or, for the sche
 factory) wherever they accept a name. ``docs/architecture.md`` shows the smallest
 implementation of each that serves the tiny model.
 
-* :class:`KVCacheManager` -- block tables over a pool of KV blocks (``minivllm.core.kv_cache_manager``
-  is the paged one, ``minivllm.core.contiguous_kv`` the contiguous baseline);
+* :class:`KVCacheManagerInterface` -- block tables over a pool of KV blocks
+  (``minivllm.core.kv_cache_manager.KVCacheManager`` is the paged one,
+  ``minivllm.core.contiguous_kv`` the contiguous baseline);
 * :class:`ForkingKVCacheManager` -- adds sharing blocks between requests (copy-on-write), which
   parallel sampling (``n > 1``) and beam search need;
-* :class:`Scheduler` -- decides every step which requests compute how many tokens
-  (``minivllm.core.scheduler``, ``minivllm.core.static_scheduler``);
+* :class:`SchedulerInterface` -- decides every step which requests compute how many tokens
+  (``minivllm.core.scheduler.Scheduler``, ``minivllm.core.static_scheduler``);
+* :class:`ForkingScheduler` -- adds forking a running request (``n > 1``, beam search);
 * :class:`Executor` -- runs a planned step: the model runner (real tensors) or the simulator's
   cost model (a clock).
+
+A protocol is named ``...Interface`` where minivllm's own implementation has the plain name (as
+vLLM names ``SchedulerInterface`` and ``Scheduler``), so that neither has to be imported under
+another name. The engine core uses nothing of a part that its protocol does not declare.
 
 The attention backend's protocol lives with the backends (``minivllm.attention``): it is the
 one plug-in point that sees tensors.
@@ -29,7 +35,7 @@ from minivllm.request import Request, RequestStatus
 
 
 @runtime_checkable
-class KVCacheManager(Protocol):
+class KVCacheManagerInterface(Protocol):
     """Which physical KV blocks each request's tokens live in.
 
     ``allocate_slots`` is the heart of it: make room for ``num_new_tokens`` more tokens of
@@ -77,8 +83,9 @@ class KVCacheManager(Protocol):
     def free(self, request: Request) -> None: ...
 
     def commit_written_blocks(self) -> None:
-        """Called after every step whose forward pass succeeded: blocks filled by the step now
-        hold real K/V (the prefix cache may register them). Does nothing without caching."""
+        """Called by the step loop, once, after every step whose forward pass succeeded (code
+        that drives a scheduler by hand calls it too): blocks filled by the step now hold real
+        K/V, so the prefix cache may register them. Does nothing without caching."""
         ...
 
     def discard_unwritten_blocks(self) -> None:
@@ -89,8 +96,9 @@ class KVCacheManager(Protocol):
 
 
 @runtime_checkable
-class ForkingKVCacheManager(KVCacheManager, Protocol):
-    """A KV manager that can share blocks between requests, copy-on-write."""
+class ForkingKVCacheManager(KVCacheManagerInterface, Protocol):
+    """A KV manager that can share blocks between requests, copy-on-write. The scheduler hands
+    the copies a step needs to the executor (``SchedulerOutput.blocks_to_copy``)."""
 
     def fork(self, parent: Request, child: Request) -> None:
         """``child`` shares every block of ``parent``; whichever writes first gets a copy."""
@@ -102,15 +110,17 @@ class ForkingKVCacheManager(KVCacheManager, Protocol):
 
 
 @runtime_checkable
-class Scheduler(Protocol):
+class SchedulerInterface(Protocol):
     """Decides, every step, which requests compute how many tokens.
 
     ``schedule()`` returns the step's :class:`SchedulerOutput` (and advances each scheduled
     request's ``num_computed_tokens``); ``update_from_output`` appends each sampled token,
-    applies the stop rules, frees finished requests and returns them.
+    applies the stop rules, frees finished requests and returns them. Committing the step's
+    blocks to the prefix cache is the step loop's, not the scheduler's; the statistics (tokens
+    per phase, prefix-cache hits) are read off the plan, so a scheduler keeps none.
     """
 
-    kv: KVCacheManager
+    kv: KVCacheManagerInterface
     running: list[Request]
     requests: dict[str, Request]
 
@@ -135,8 +145,15 @@ class Scheduler(Protocol):
 
 
 @runtime_checkable
-class ForkingScheduler(Scheduler, Protocol):
-    def fork_request(self, parent: Request, child: Request) -> None: ...
+class ForkingScheduler(SchedulerInterface, Protocol):
+    """A scheduler over a :class:`ForkingKVCacheManager` that can fork a running request."""
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """``child`` continues from ``parent``'s tokens. With a seat free (``max_num_seqs``
+        counts every running sequence, forks included) it runs at once, sharing every block of
+        ``parent`` copy-on-write; without one it waits for a seat like any request (and, when
+        admitted, computes the tokens the prefix cache does not hold)."""
+        ...
 
 
 @dataclass

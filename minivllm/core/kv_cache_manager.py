@@ -19,11 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from minivllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
+from minivllm.math_utils import cdiv
 from minivllm.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:
@@ -254,9 +251,6 @@ class KVCacheManager:
             self.pending_copies = [(src, dst) for src, dst in self.pending_copies if dst not in mine]
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
-
-    def reset_prefix_cache(self) -> None:
-        self.block_pool.reset_prefix_cache()
 
     # --- invariants ----------------------------------------------------------------------
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:

@@ -14,6 +14,10 @@ catching up to ``num_tokens`` (prompt + generated). Each step, under a token bud
 
 Requests join and leave the batch at every step: that is continuous batching. The same object
 drives the real engine (``minivllm.engine``) and the GPU-scale simulator (``minivllm.sim``).
+
+:class:`SchedulerBase` holds what every minivllm scheduler shares (the queues, the stop rules,
+ending requests); :class:`Scheduler` adds the plan above and forking, which the static baseline
+(``minivllm.core.static_scheduler``) does not have.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from minivllm.core.interfaces import ForkingKVCacheManager
 from minivllm.core.policies import POLICIES, FCFSPolicy, make_policy
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -52,7 +57,11 @@ class SchedulerConfig:
             )
 
 
-class Scheduler:
+class SchedulerBase:
+    """The bookkeeping every minivllm scheduler shares: the waiting queue in the policy's
+    order, the running list, the requests by id, appending sampled tokens under the stop rules,
+    and ending requests. ``schedule()`` is the subclass's."""
+
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
         self.config = config
         self.kv = kv_cache_manager
@@ -65,17 +74,6 @@ class Scheduler:
         self._waiting_heap: list[tuple[int, float, int, Request]] = []
         self._counter = itertools.count()
         self.requests: dict[str, Request] = {}
-        self.num_preemptions = 0
-        # prefix-cache statistics over admitted requests (tokens)
-        self.prefix_query_tokens = 0
-        self.prefix_hit_tokens = 0
-        self.num_forked_tokens = 0  # tokens a forked request did not have to compute
-        # copy-on-write copies exist only for a KV manager that can share blocks
-        self._take_copies = getattr(kv_cache_manager, "take_pending_copies", None)
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     # --- queue helpers -------------------------------------------------------------------
     @property
@@ -112,151 +110,16 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
 
-    def _pick_victim(self) -> Request:
-        return self.policy.choose_victim(self.running)
-
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
-        """Free the victim's blocks and requeue it for recomputation. If it was already part
-        of this step's batch, take it out again; returns the budget tokens that frees."""
-        undone = out.remove(victim)
-        self.running.remove(victim)
-        self.kv.free(victim)
-        victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0  # recompute from scratch when readmitted
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
-        out.preempted.append(victim)
-        self._push_waiting(victim, front=True)
-        return undone
-
     def schedule(self) -> SchedulerOutput:
-        """Plan one step: the running requests first, then admissions (see the module doc)."""
-        out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:  # memory is tight after a preemption: admit nobody this step
-            self._schedule_waiting(out, budget)
-        if self._take_copies is not None:
-            out.blocks_to_copy = self._take_copies()
-        return out
-
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        """Give each running request its next tokens, oldest first; preempt when out of blocks.
-        Returns the budget left."""
-        chunked = self.config.enable_chunked_prefill
-        allocate = self.kv.allocate_slots
-        # Local aliases of the output's lists: this loop runs for every running request at
-        # every step (see benchmarks/scheduler_overhead.py).
-        out_reqs, out_new, out_done, out_blocks, out_sample = (
-            out.requests, out.num_new, out.num_computed, out.block_ids, out.sample
-        )
-        preempted = out.preempted
-        for req in tuple(self.running):  # a snapshot: preemption edits the list
-            if budget <= 0:
-                break
-            if preempted and req.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this step to make room
-            computed = req.num_computed_tokens
-            num_tokens = len(req.all_token_ids)
-            num_new = num_tokens - computed
-            if num_new <= 0:  # nothing to compute until its next token is sampled
-                continue
-            if num_new > budget:
-                if not chunked:
-                    continue
-                num_new = budget
-            block_ids = allocate(req, num_new)
-            while block_ids is None:
-                # Out of blocks: preempt (newest first under FCFS) until req fits or is itself
-                # the victim. A victim already in this step's batch gives its budget back.
-                victim = self._pick_victim()
-                budget += self._preempt(victim, out)
-                if victim is req:
-                    break
-                block_ids = allocate(req, num_new)
-            if block_ids is None:
-                continue
-            out_reqs.append(req)
-            out_new.append(num_new)
-            out_done.append(computed)
-            out_blocks.append(block_ids)
-            out_sample.append(computed + num_new == num_tokens)
-            req.num_computed_tokens = computed + num_new
-            budget -= num_new
-            if num_new == 1 and computed >= req.num_prompt_tokens:
-                out.num_decode_tokens += 1
-            else:
-                out.num_prefill_tokens += num_new
-        return budget
-
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        """Admit waiting requests while budget, seats and KV blocks last (prefix hits first)."""
-        cfg = self.config
-        admitted: list[Request] = []  # never preempted again in the step that admitted them
-        while self.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            req = self._peek_waiting()
-            # prompt log-probabilities need every prompt row computed: no cache hits for them
-            lookup = req.num_computed_tokens == 0 and req.sampling_params.prompt_logprobs is None
-            hit_blocks, num_hit = self.kv.get_computed_blocks(req) if lookup else ((), 0)
-            num_new = req.num_tokens - num_hit
-            if num_new > budget:
-                if not cfg.enable_chunked_prefill:
-                    break
-                num_new = budget
-            block_ids = self.kv.allocate_slots(req, num_new, hit_blocks)
-            if block_ids is None:
-                freed = self._preempt_for(req, out, admitted)
-                if freed is None:
-                    break
-                budget += freed
-                continue
-            self._pop_waiting()
-            admitted.append(req)
-            if req.first_scheduled_time is None and req.num_preemptions == 0:
-                req.num_cached_tokens = num_hit
-                self.prefix_query_tokens += req.num_tokens
-                self.prefix_hit_tokens += num_hit
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.add(req, num_hit, num_new, block_ids)
-            req.num_computed_tokens = num_hit + num_new
-            budget -= num_new
-            out.num_prefill_tokens += num_new
-
-    def fork_request(self, parent: Request, child: Request) -> None:
-        """Add ``child`` as a running copy of ``parent``: same tokens, same computed prefix,
-        every KV block shared (copy-on-write). Used by parallel sampling and beam search.
-        Call it before ``parent``'s next token is appended."""
-        self.kv.fork(parent, child)
-        child.all_token_ids = list(parent.all_token_ids)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.status = RequestStatus.RUNNING
-        self.running.append(child)
-        self.requests[child.request_id] = child
-        self.num_forked_tokens += parent.num_computed_tokens
-
-    def _preempt_for(self, req: Request, out: SchedulerOutput, admitted: list[Request]) -> int | None:
-        """Make room for a waiting request by preempting a running one, if the policy allows
-        (the priority policy does when ``req`` outranks the least important running request).
-        Requests admitted in this same step are not candidates: two requests that may each
-        preempt the other would otherwise take turns forever. Returns the budget tokens freed,
-        or None."""
-        candidates = [r for r in self.running if r not in admitted] if admitted else self.running
-        if not candidates:
-            return None
-        victim = self.policy.choose_victim(candidates)
-        if not self.policy.may_preempt(req, victim):
-            return None
-        return self._preempt(victim, out)
+        raise NotImplementedError
 
     def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
         """Append each sampled token, apply stop rules, free finished requests.
 
         ``sampled_token_ids`` maps request id -> token for the requests that sampled this step.
-        Returns the requests that finished. Calling it means the step ran: the blocks it filled
-        hold real K/V now, so they may join the prefix cache (``EngineCore`` has done that
-        already; a hand-driven scheduler gets it here).
+        Returns the requests that finished. (Committing the step's filled blocks to the prefix
+        cache is the step loop's: ``EngineCore.step``, or whoever drives a scheduler by hand.)
         """
-        self.kv.commit_written_blocks()
         max_len = self.config.max_model_len
         requests = self.requests
         finished: list[Request] = []
@@ -269,6 +132,8 @@ class Scheduler:
             if token in req.stop_token_set or n >= req.length_limit or n >= max_len:
                 status = req.check_stop(token, max_len)
                 if status is not None:
+                    if req.status is RequestStatus.WAITING:  # a fork that is waiting for a seat
+                        self._remove_waiting({rid})
                     req.status = status
                     finished.append(req)
         if finished:
@@ -317,4 +182,149 @@ class Scheduler:
         return [r.request_id for r in self.live_requests()]
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "ScheduledRequest", "SCHEDULING_POLICIES"]
+class Scheduler(SchedulerBase):
+    """Continuous batching with chunked prefill, preemption by recompute and prefix caching
+    (see the module doc); forks requests for parallel sampling and beam search."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager):
+        super().__init__(config, kv_cache_manager)
+        self.num_preemptions = 0
+        # copy-on-write copies exist only for a KV manager that can share blocks
+        self._forking_kv = isinstance(kv_cache_manager, ForkingKVCacheManager)
+
+    def _pick_victim(self) -> Request:
+        return self.policy.choose_victim(self.running)
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
+        """Free the victim's blocks and requeue it for recomputation. If it was already part
+        of this step's batch, take it out again; returns the budget tokens that frees."""
+        undone = out.remove(victim)
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0  # recompute from scratch when readmitted
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(victim)
+        self._push_waiting(victim, front=True)
+        return undone
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step: the running requests first, then admissions (see the module doc)."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:  # memory is tight after a preemption: admit nobody this step
+            self._schedule_waiting(out, budget)
+        if self._forking_kv:
+            out.blocks_to_copy = self.kv.take_pending_copies()
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give each running request its next tokens, oldest first; preempt when out of blocks.
+        Returns the budget left."""
+        chunked = self.config.enable_chunked_prefill
+        allocate = self.kv.allocate_slots
+        # Local aliases of the output's lists: this loop runs for every running request at
+        # every step (see benchmarks/scheduler_overhead.py).
+        out_reqs, out_new, out_done, out_blocks, out_sample = (
+            out.requests, out.num_new, out.num_computed, out.block_ids, out.sample
+        )
+        preempted = out.preempted
+        for req in tuple(self.running):  # a snapshot: preemption edits the list
+            if budget <= 0:
+                break
+            if preempted and req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step to make room
+            computed = req.num_computed_tokens
+            num_tokens = len(req.all_token_ids)
+            num_new = num_tokens - computed
+            if num_new <= 0:  # nothing to compute until its next token is sampled
+                continue
+            if num_new > budget:
+                if not chunked:
+                    continue
+                num_new = budget
+            block_ids = allocate(req, num_new)
+            while block_ids is None:
+                # Out of blocks: preempt (newest first under FCFS) until req fits or is itself
+                # the victim. A victim already in this step's batch gives its budget back.
+                victim = self._pick_victim()
+                budget += self._preempt(victim, out)
+                if victim is req:
+                    break
+                block_ids = allocate(req, num_new)
+            if block_ids is None:
+                continue
+            out_reqs.append(req)
+            out_new.append(num_new)
+            out_done.append(computed)
+            out_blocks.append(block_ids)
+            out_sample.append(computed + num_new == num_tokens)
+            req.num_computed_tokens = computed + num_new
+            budget -= num_new
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests while budget, seats and KV blocks last (prefix hits first)."""
+        cfg = self.config
+        admitted: list[Request] = []  # never preempted again in the step that admitted them
+        while self.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self._peek_waiting()
+            # prompt log-probabilities need every prompt row computed: no cache hits for them
+            lookup = req.num_computed_tokens == 0 and req.sampling_params.prompt_logprobs is None
+            hit_blocks, num_hit = self.kv.get_computed_blocks(req) if lookup else ((), 0)
+            num_new = req.num_tokens - num_hit
+            if num_new > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                num_new = budget
+            block_ids = self.kv.allocate_slots(req, num_new, hit_blocks)
+            if block_ids is None:
+                freed = self._preempt_for(req, out, admitted)
+                if freed is None:
+                    break
+                budget += freed
+                continue
+            self._pop_waiting()
+            admitted.append(req)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.add(req, num_hit, num_new, block_ids)
+            req.num_computed_tokens = num_hit + num_new
+            budget -= num_new
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """``child`` continues from ``parent``'s tokens (parallel sampling, beam search); call
+        it before ``parent``'s next token is appended. A fork takes a seat like any sequence:
+        with one free (fewer than ``max_num_seqs`` running) it runs at once as a copy of
+        ``parent`` -- same computed prefix, every KV block shared copy-on-write; without one it
+        waits at the front of the queue holding no block, and once admitted computes its tokens
+        like a preempted request (the prefix cache, when on, holds the prompt's full blocks)."""
+        child.all_token_ids = list(parent.all_token_ids)
+        self.requests[child.request_id] = child
+        if len(self.running) < self.config.max_num_seqs:
+            self.kv.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
+        else:
+            child.num_computed_tokens = 0
+            child.status = RequestStatus.WAITING
+            self._push_waiting(child, front=True)
+
+    def _preempt_for(self, req: Request, out: SchedulerOutput, admitted: list[Request]) -> int | None:
+        """Make room for a waiting request by preempting a running one, if the policy allows
+        (the priority policy does when ``req`` outranks the least important running request).
+        Requests admitted in this same step are not candidates: two requests that may each
+        preempt the other would otherwise take turns forever. Returns the budget tokens freed,
+        or None."""
+        candidates = [r for r in self.running if r not in admitted] if admitted else self.running
+        if not candidates:
+            return None
+        victim = self.policy.choose_victim(candidates)
+        if not self.policy.may_preempt(req, victim):
+            return None
+        return self._preempt(victim, out)
+
+
+__all__ = ["Scheduler", "SchedulerBase", "SchedulerConfig", "SchedulerOutput", "ScheduledRequest", "SCHEDULING_POLICIES"]

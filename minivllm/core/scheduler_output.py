@@ -13,6 +13,9 @@ scheduler's loop cost about as much as the rest of the step's bookkeeping togeth
 
 Everything here is fixed when the step is planned, so it stays valid after the scheduler has
 appended the sampled tokens: nothing has to be read "before ``update_from_output``".
+
+The step's token counts (prefill, decode, padding) are read off the entries, here and nowhere
+else: a scheduler only adds and removes entries, and a count can never disagree with them.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ class SchedulerOutput:
       list: valid until the next ``schedule()``, not to be modified);
     * ``sample[i]``: whether a token is sampled from its last row.
 
+    A *decode* entry computes one token of a request whose prompt is already in the cache;
+    every other token computed is a *prefill* token (a prompt, a chunk of one, or a preempted
+    request's recomputation): :attr:`num_decode_tokens`, :attr:`num_prefill_tokens`,
+    :attr:`num_padding_tokens` count them.
+
     Plus ``num_padding`` (static batching only: request id -> thrown-away rows), ``preempted``
     (requests sent back to the waiting queue this step), ``blocks_to_copy`` (copy-on-write
     ``(src, dst)`` block pairs to copy before the forward pass) and ``forks`` (parallel
@@ -83,8 +91,7 @@ class SchedulerOutput:
 
     __slots__ = (
         "requests", "num_new", "num_computed", "block_ids", "sample", "num_padding", "preempted",
-        "blocks_to_copy", "forks", "finished_req_ids", "num_prefill_tokens", "num_decode_tokens",
-        "num_padding_tokens", "_scheduled",
+        "blocks_to_copy", "forks", "finished_req_ids", "_scheduled", "_counts",
     )
 
     def __init__(self) -> None:
@@ -98,10 +105,8 @@ class SchedulerOutput:
         self.blocks_to_copy: list[tuple[int, int]] = []
         self.forks: dict[str, list[Request]] = {}
         self.finished_req_ids: set[str] = set()
-        self.num_prefill_tokens = 0
-        self.num_decode_tokens = 0
-        self.num_padding_tokens = 0
         self._scheduled: list[ScheduledRequest] | None = None
+        self._counts: tuple[int, int, int] | None = None  # (entries, prefill, decode) when counted
 
     def add(
         self, request: Request, num_computed: int, num_new: int, block_ids: list[int],
@@ -121,15 +126,38 @@ class SchedulerOutput:
         """Take a request back out of the plan (it was preempted); returns its token count."""
         for i, r in enumerate(self.requests):
             if r is request:
-                num_new, computed = self.num_new.pop(i), self.num_computed.pop(i)
-                del self.requests[i], self.block_ids[i], self.sample[i]
-                self.num_padding_tokens -= self.num_padding.pop(request.request_id, 0)
-                if num_new == 1 and computed >= request.num_prompt_tokens:
-                    self.num_decode_tokens -= 1
-                else:
-                    self.num_prefill_tokens -= num_new
+                num_new = self.num_new.pop(i)
+                del self.requests[i], self.num_computed[i], self.block_ids[i], self.sample[i]
+                self.num_padding.pop(request.request_id, None)
+                self._scheduled = self._counts = None
                 return num_new
         return 0
+
+    # --- the step's token counts, read off the entries --------------------------------------
+    def _token_counts(self) -> tuple[int, int, int]:
+        counts = self._counts
+        if counts is None or counts[0] != len(self.requests):  # entries added since: count again
+            decode = 0
+            for req, computed, n in zip(self.requests, self.num_computed, self.num_new, strict=True):
+                if n == 1 and computed >= req.num_prompt_tokens:
+                    decode += 1
+            counts = self._counts = (len(self.requests), sum(self.num_new) - decode, decode)
+        return counts
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of prompts (or of recomputation after a preemption) computed this step."""
+        return self._token_counts()[1]
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Entries that compute one token past a request's prompt."""
+        return self._token_counts()[2]
+
+    @property
+    def num_padding_tokens(self) -> int:
+        """Rows computed and thrown away (static batching's pads and idle seats)."""
+        return sum(self.num_padding.values()) if self.num_padding else 0
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:

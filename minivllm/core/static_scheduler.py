@@ -13,16 +13,15 @@ Each admitted request reserves KV room for its worst case (prompt + ``max_tokens
 
 from __future__ import annotations
 
-from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.scheduler import SchedulerBase, SchedulerConfig, SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
 
-class StaticBatchScheduler(Scheduler):
-    """Same interface as :class:`Scheduler`; ``max_num_seqs`` is the static batch size ``B``.
-    The token budget is ignored: a static server prefills the whole padded batch at once.
-    It cannot fork requests (parallel sampling runs its ``n`` samples as separate requests)."""
-
-    supports_forking = False
+class StaticBatchScheduler(SchedulerBase):
+    """The scheduler protocol over static batches; ``max_num_seqs`` is the static batch size
+    ``B``. The token budget is ignored: a static server prefills the whole padded batch at once.
+    It cannot fork requests (it is no ``ForkingScheduler``: parallel sampling runs its ``n``
+    samples as separate requests, and beam search is refused)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
         if config.policy != "fcfs" and getattr(config.policy, "name", None) != "fcfs":
@@ -68,18 +67,14 @@ class StaticBatchScheduler(Scheduler):
                 pad = longest - r.num_tokens
                 r.num_computed_tokens = r.num_tokens
                 out.add(r, 0, r.num_tokens, block_ids(r.request_id), pad)
-                out.num_prefill_tokens += r.num_tokens
-                out.num_padding_tokens += pad
             self.running = list(batch)
             return out
         for r in self.batch:
             if r.is_finished:  # idle seat: one thrown-away row at the request's last position
                 out.add(r, r.num_computed_tokens, 0, block_ids(r.request_id), 1)
-                out.num_padding_tokens += 1
             else:
                 out.add(r, r.num_computed_tokens, 1, block_ids(r.request_id))
                 r.num_computed_tokens += 1
-                out.num_decode_tokens += 1
         return out
 
     def update_from_output(self, sampled_token_ids):

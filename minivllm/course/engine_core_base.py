@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minivllm.core.engine_core import EngineCore, EngineCoreOutput
+from minivllm.core.engine_core import EngineCore, StepOutput
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request
@@ -37,7 +37,7 @@ TokenChooser = Callable[[SchedulerOutput, ModelRunnerOutput], dict[str, int]]
 class EngineCoreBase(EngineCore):
     """An ``EngineCore`` whose ``step()`` is left to the subclass (exercise 08)."""
 
-    def step(self, choose_tokens: TokenChooser | None = None) -> EngineCoreOutput:
+    def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
         raise NotImplementedError(
             f"{type(self).__name__} must define step(): EngineCoreBase leaves the loop to it"
         )
@@ -51,13 +51,13 @@ class EngineCoreBase(EngineCore):
         self._begin_step(out)
 
     # --- when something failed ------------------------------------------------------------------
-    def fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> EngineCoreOutput:
+    def fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> StepOutput:
         """The executor raised ``err``: the K/V the step may have half-written is discarded
         (never registered in the prefix cache), every request of the step ends with status
-        ``FINISHED_ERROR``, the step is recorded, and its ``EngineCoreOutput`` is returned."""
+        ``FINISHED_ERROR``, the step is recorded, and its ``StepOutput`` is returned."""
         return self._fail_step(out, err, start)
 
-    def fail_rows(self, failed: dict[str, str], core_out: EngineCoreOutput) -> None:
+    def fail_rows(self, failed: dict[str, str], core_out: StepOutput) -> None:
         """Rows the executor could not sample (``ModelRunnerOutput.failed``: request id ->
         message): those requests, and siblings still waiting to fork off them, end with an error;
         they are added to ``core_out.failed`` and ``core_out.finished``."""

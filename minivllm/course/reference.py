@@ -22,11 +22,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.course.scheduling import ProtocolOnlyKV
+from minivllm.math_utils import cdiv
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
 

@@ -1,7 +1,7 @@
 """The bookkeeping half of a scheduler, so that exercises 02 and 03 can be about the decisions.
 
 A scheduler that plugs into ``LLM(scheduler=...)`` meets the protocol
-:class:`minivllm.core.interfaces.Scheduler`. Two of its methods are the ideas of notebooks 02
+:class:`minivllm.core.interfaces.SchedulerInterface`. Two of its methods are the ideas of notebooks 02
 and 03, and the student writes them:
 
 * ``schedule() -> SchedulerOutput``: which requests compute how many tokens this step
@@ -16,7 +16,7 @@ Everything else the protocol asks for is bookkeeping -- queues, lookups, aborts 
 :meth:`SchedulerBase.preempt` (send a running request back to the queue, exercise 03).
 
 The student's scheduler may use its KV cache manager only through the protocol
-:class:`minivllm.core.interfaces.KVCacheManager` (``allocate_slots``, ``free``, the sizes...),
+:class:`minivllm.core.interfaces.KVCacheManagerInterface` (``allocate_slots``, ``free``, the sizes...),
 so that notebook 08 can run it over any manager -- the student's own from exercise 04
 included. The course's checks enforce that with :class:`ProtocolOnlyKV`.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from minivllm.core.interfaces import KVCacheManager, protocol_members
+from minivllm.core.interfaces import KVCacheManagerInterface, protocol_members
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -53,7 +53,7 @@ class SchedulerBase:
 
     chunked_prefill = False
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManagerInterface):
         if config.enable_chunked_prefill != self.chunked_prefill:
             what = "cuts prompts into chunks" if self.chunked_prefill else "computes whole prompts"
             raise ValueError(
@@ -81,10 +81,6 @@ class SchedulerBase:
         these tokens reach its last one."""
         computed = req.num_computed_tokens
         out.add(req, computed, num_new, block_ids)
-        if num_new == 1 and computed >= req.num_prompt_tokens:
-            out.num_decode_tokens += 1
-        else:
-            out.num_prefill_tokens += num_new
         req.num_computed_tokens = computed + num_new
 
     def preempt(self, victim: Request, out: SchedulerOutput) -> int:
@@ -142,9 +138,9 @@ class ProtocolOnlyKV:
     scheduler that passes them also runs over any other manager (notebook 08 plugs in the
     student's own)."""
 
-    _ALLOWED = frozenset(protocol_members(KVCacheManager))
+    _ALLOWED = frozenset(protocol_members(KVCacheManagerInterface))
 
-    def __init__(self, inner: KVCacheManager):
+    def __init__(self, inner: KVCacheManagerInterface):
         object.__setattr__(self, "_inner", inner)
 
     def __getattr__(self, name: str):

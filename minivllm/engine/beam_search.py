@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.core.interfaces import Logprobs
-from minivllm.core.kv_cache_manager import cdiv
+from minivllm.math_utils import cdiv
 from minivllm.request import Request
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 

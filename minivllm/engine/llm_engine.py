@@ -25,10 +25,10 @@ import torch
 from minivllm.attention import AttentionBackend
 from minivllm.config import EngineArgs, build_engine_core, build_scheduler, check_int
 from minivllm.core.interfaces import check_implements
-from minivllm.core.kv_cache_manager import cdiv
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.sampler import Sampler
+from minivllm.math_utils import cdiv
 from minivllm.metrics import EngineStats
 from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
 from minivllm.outputs import RequestOutput

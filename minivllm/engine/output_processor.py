@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minivllm.core.engine_core import EngineCore, EngineCoreOutput
+from minivllm.core.engine_core import EngineCore, StepOutput
 from minivllm.core.interfaces import Logprobs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.outputs import (
@@ -85,21 +85,21 @@ class OutputProcessor:
         self.families[request_id] = family
 
     # --- after a step ----------------------------------------------------------------------
-    def process(self, core_out: EngineCoreOutput) -> list[RequestOutput]:
+    def process(self, step_out: StepOutput) -> list[RequestOutput]:
         touched: dict[str, _Family] = {}
-        for rid, (first, entries) in core_out.prompt_logprobs.items():
+        for rid, (first, entries) in step_out.prompt_logprobs.items():
             state = self.children.get(rid)
             if state is not None:  # placed by position: a preempted request recomputes its prompt
                 family = state.family
                 got = family.prompt_logprobs = family.prompt_logprobs or []
                 got[first : first + len(entries)] = [None if e is None else self._position(e) for e in entries]
-        for rid, entry in core_out.logprobs.items():
+        for rid, entry in step_out.logprobs.items():
             state = self.children.get(rid)
-            if state is not None and state.logprobs is not None and rid in core_out.sampled:
+            if state is not None and state.logprobs is not None and rid in step_out.sampled:
                 state.logprobs.append(self._position(entry))
                 state.cumulative_logprob += entry.logprob
         stopped = []
-        for rid, token in core_out.sampled.items():
+        for rid, token in step_out.sampled.items():
             state = self.children.get(rid)
             if state is None:
                 continue
@@ -112,10 +112,10 @@ class OutputProcessor:
                 stopped.append(rid)
         if stopped:
             self.core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        for req in core_out.finished:
+        for req in step_out.finished:
             state = self.children.get(req.request_id)
             if state is not None:
-                state.error = core_out.failed.get(req.request_id)
+                state.error = step_out.failed.get(req.request_id)
                 touched[state.family.request_id] = state.family
         return self._outputs(touched.values())
 

@@ -29,8 +29,8 @@ from collections.abc import Iterable
 from minivllm.config import EngineArgs, build_engine_core, build_scheduler
 from minivllm.core.engine_core import EngineStalledError
 from minivllm.core.interfaces import ModelRunnerOutput
-from minivllm.core.kv_cache_manager import cdiv
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.math_utils import cdiv
 from minivllm.metrics import EngineStats
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
@@ -199,10 +199,10 @@ class Simulator:
     # --- the loop ------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One engine step at the current clock; returns the requests that finished."""
-        core_out = self.core.step()
+        step_out = self.core.step()
         if self.record_decisions:
-            self.decisions.append(core_out.scheduler_output.decisions())
-        return core_out.finished
+            self.decisions.append(step_out.scheduler_output.decisions())
+        return step_out.finished
 
     def run(self, trace: Iterable, max_steps: int | None = None, check_invariants: bool = False) -> EngineStats:
         """Serve every item of ``trace`` (objects with ``request_id``, ``arrival_time``,

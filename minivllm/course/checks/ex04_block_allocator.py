@@ -246,10 +246,10 @@ def _serve(kv, scheduler: str, num_blocks: int):
 @case(CASES, "serves the tiny model under preemption: minivllm's greedy tokens", "PagedKVCacheManager",
       "pass the cases above first; debug_checks=True checks every K/V read against what was written")
 def _(ex):
-    from minivllm.core.interfaces import KVCacheManager, check_implements
+    from minivllm.core.interfaces import KVCacheManagerInterface, check_implements
 
     kv = ex.PagedKVCacheManager(num_blocks=12, block_size=16)
-    check_implements(kv, KVCacheManager, "your PagedKVCacheManager")
+    check_implements(kv, KVCacheManagerInterface, "your PagedKVCacheManager")
     expected = reference_tokens("continuous")
     got, llm = _serve(kv, "continuous", 12)
     expect_same_tokens(expected, got, "12 blocks of 16 tokens for 8 requests of up to 31 tokens")
