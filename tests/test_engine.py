@@ -263,3 +263,46 @@ def test_step_listener_sees_every_step_and_can_be_removed():
     assert len(seen) == n
     with pytest.raises(TypeError, match="callable"):
         core.add_step_listener(42)
+
+
+def test_step_listener_sees_the_steps_of_a_plug_in_step_loop():
+    """LLM(engine_core=...) with exercise 08's reference loop (an EngineCoreBase subclass) and
+    with a subclass whose step wraps minivllm's: every step reported, exactly once."""
+    from minivllm import course
+    from minivllm.core.engine_core import EngineCore
+
+    class Wrapping(EngineCore):
+        def step(self, choose_tokens=None):
+            return super().step(choose_tokens)
+
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    for core_cls in (course.load("ex08_engine_step", solutions=True).StepLoop, Wrapping):
+        llm = LLM(engine_core=core_cls)
+        seen = []
+        llm.engine.core.add_step_listener(seen.append)
+        llm.generate(["Once upon a time", "The little fox"], params, use_tqdm=False)
+        assert len(seen) == llm.stats().num_steps, core_cls.__name__
+        assert sum(len(s.sampled) for s in seen) == 10, core_cls.__name__
+        assert len({id(s) for s in seen}) == len(seen)
+
+
+def test_step_listener_sees_a_step_whose_executor_was_interrupted():
+    """Ctrl-C inside the executor: the step's requests end, the listener sees that step's
+    output (the failed ids), and the KeyboardInterrupt goes on up."""
+    from minivllm.core.engine_core import EngineCore
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.core.scheduler import Scheduler, SchedulerConfig
+    from minivllm.request import Request
+
+    class Interrupted:
+        def execute(self, out):
+            raise KeyboardInterrupt
+
+    core = EngineCore(Scheduler(SchedulerConfig(), KVCacheManager(8, 16)), Interrupted())
+    seen = []
+    core.add_step_listener(seen.append)
+    core.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=2)))
+    with pytest.raises(KeyboardInterrupt):
+        core.step()
+    assert [list(s.failed) for s in seen] == [["a"]]
+    assert not core.has_unfinished_requests() and core.kv.num_used_blocks == 0

@@ -350,3 +350,57 @@ def test_a_policy_that_always_preempts_cannot_make_a_step_loop_forever():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class CachingFifoScheduler(FifoScheduler):
+    """FifoScheduler that admits with the prefix cache's hits (``get_computed_blocks``). It keeps
+    no statistics: the engine reads what the cache saved off its plans."""
+
+    def schedule(self):
+        out, budget = SchedulerOutput(), self.config.max_num_batched_tokens
+        for req in self.running:
+            n = req.num_tokens - req.num_computed_tokens
+            if 0 < n <= budget and self._plan(out, req, n):
+                budget -= n
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_hit
+            table = self.kv.allocate_slots(req, num_new, hits) if num_new <= budget else None
+            if table is None:
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.add(req, num_hit, num_new, table)
+            req.num_computed_tokens = num_hit + num_new
+            budget -= num_new
+        return out
+
+
+def test_a_plug_in_schedulers_prefix_hits_are_counted():
+    """The prefix hit rate and each output's num_cached_tokens come from the plans, so a
+    plug-in scheduler that reuses cached blocks reports them like minivllm's own."""
+    shared = "Once upon a time there was a little fox who lived in the woods near a river. "
+    prompts = [shared + p for p in PROMPTS]
+    llm = LLM(max_model_len=128, num_kv_blocks=64, scheduler=CachingFifoScheduler, max_num_seqs=1,
+              debug_checks=True)
+    plain = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [
+        o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY, use_tqdm=False)
+    ]
+    cached = [o.num_cached_tokens for o in outs]
+    assert cached[0] == 0 and min(cached[1:]) >= 16
+    summary = llm.stats().summary()
+    assert summary["prefix_cache_hits"] == sum(cached)
+    assert summary["prefix_hit_rate"] == pytest.approx(sum(cached) / sum(len(o.prompt_token_ids) for o in outs))
+
+
+def test_the_static_baseline_is_no_forking_scheduler():
+    from minivllm.core.interfaces import ForkingScheduler
+
+    llm = LLM(scheduler="static", num_kv_blocks=64, max_model_len=128)
+    assert not isinstance(llm.engine.scheduler, ForkingScheduler) and not llm.engine.can_fork
+    out = llm.generate("Once upon a time", SamplingParams(n=3, temperature=0, max_tokens=4), use_tqdm=False)[0]
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 1  # three independent greedy requests
