@@ -61,8 +61,9 @@ class _Group:
 class _BeamSearch:
     """Drives :class:`~minivllm.core.engine_core.EngineCore` steps with a token chooser that
     ranks the beams of each prompt. Prompts run concurrently while the worst case of their
-    beams fits in the KV pool together; the rest wait for a running prompt to finish (a beam
-    that has to wait for blocks while its siblings hold theirs would otherwise deadlock)."""
+    beams fits in the KV pool together and their ``beam_width`` beams each fit in the seats
+    (``max_num_seqs``); the rest wait for a running prompt to finish (a beam that has to wait
+    for blocks or a seat while its siblings hold theirs would otherwise deadlock)."""
 
     def __init__(self, engine, params: BeamSearchParams):
         self.engine, self.core, self.params = engine, engine.core, params
@@ -75,6 +76,8 @@ class _BeamSearch:
         self.counter = itertools.count()
         self.pending: dict[str, Logprobs] = {}  # beam id -> its next-token candidates
         self.blocks_in_use = 0  # worst-case blocks of the prompts started so far
+        self.seats = engine.args.max_num_seqs  # a prompt's beams hold up to beam_width of them
+        self.seats_in_use = 0
         self.group_of: dict[str, _Group] = {}  # beam id -> its prompt's group
 
     def make_group(self, prompt) -> _Group:
@@ -85,6 +88,11 @@ class _BeamSearch:
             raise ValueError(
                 f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} exceeds "
                 f"max_model_len={engine.max_model_len}"
+            )
+        if self.k > self.seats:
+            raise ValueError(
+                f"beam search with beam_width={self.k} runs {self.k} sequences at once but "
+                f"max_num_seqs={self.seats}; lower beam_width or raise max_num_seqs"
             )
         kv = self.core.kv
         bs = kv.block_size
@@ -106,16 +114,25 @@ class _BeamSearch:
         self.core.add_request(group.first_beam)
         group.beams = [(group.first_beam, 0.0)]
         self.blocks_in_use += group.blocks_needed
+        self.seats_in_use += self.k
+
+    def fits(self, group: _Group) -> bool:
+        """Its worst case fits next to the prompts running: blocks, and a seat per beam."""
+        return (
+            self.blocks_in_use + group.blocks_needed <= self.core.kv.num_blocks
+            and self.seats_in_use + self.k <= self.seats
+        )
 
     def run(self, groups: list[_Group]) -> None:
         queued = list(groups)
         while not all(g.done for g in groups):
-            while queued and self.blocks_in_use + queued[0].blocks_needed <= self.core.kv.num_blocks:
+            while queued and self.fits(queued[0]):
                 self.start(queued.pop(0))
             self.core.step(self.choose_tokens)
             for g in groups:
                 if g.done and g.blocks_needed:
                     self.blocks_in_use -= g.blocks_needed
+                    self.seats_in_use -= self.k
                     g.blocks_needed = 0
 
     def choose_tokens(self, out, result) -> dict[str, int]:
@@ -179,6 +196,8 @@ class _BeamSearch:
     def _fork_survivors(self, g: _Group, survivors) -> dict[str, int]:
         """A beam chosen once continues in place; chosen again, it forks (sharing its blocks).
         Beams nobody chose end. Returns the token each surviving beam appends."""
+        chosen = {beam for _, beam, _ in survivors}  # end the others first: forks need their seats
+        self.core.abort_requests([b.request_id for i, (b, _) in enumerate(g.beams) if i not in chosen])
         used: set[int] = set()
         new_beams: list[tuple[Request, float]] = []
         tokens: dict[str, int] = {}
@@ -193,8 +212,6 @@ class _BeamSearch:
             used.add(beam)
             tokens[req.request_id] = token
             new_beams.append((req, score))
-        dropped = [b.request_id for i, (b, _) in enumerate(g.beams) if i not in used]
-        self.core.abort_requests(dropped)
         g.beams = new_beams
         return tokens
 
