@@ -1,8 +1,8 @@
 """Engine arguments: every keyword ``LLM(model, ...)`` accepts, checked at the door.
 
 Pure Python (no torch): the simulator shares these arguments and the functions below that turn
-them into a KV cache manager and a scheduler, so the engine and the simulator build exactly the
-same objects from the same arguments.
+them into limits (``max_model_len``, the KV pool's size), a KV cache manager and a scheduler, so
+the engine and the simulator derive exactly the same limits and objects from the same arguments.
 
 The three plug-in points take a name *or* an object that implements the protocol
 (``minivllm.core.interfaces``, ``minivllm.attention``):
@@ -24,6 +24,7 @@ from typing import Any
 from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface, check_implements
 from minivllm.core.policies import make_policy
 from minivllm.core.scheduler import SchedulerConfig
+from minivllm.math_utils import cdiv
 
 SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
@@ -162,6 +163,52 @@ class EngineArgs:
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
+        )
+
+
+# --- limits the engine and the simulator derive the same way -----------------------------------
+def resolve_max_model_len(args: EngineArgs, max_position_embeddings: int, sliding_window: int | None = None) -> int:
+    """``args.max_model_len``, or the model's ``max_position_embeddings``. Refused beyond them,
+    and beyond a sliding window (which minivllm does not implement)."""
+    max_len = args.max_model_len or max_position_embeddings
+    if max_len > max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={max_len} exceeds the model's max_position_embeddings={max_position_embeddings}"
+        )
+    if sliding_window is not None and sliding_window < max_len:
+        raise ValueError(
+            f"this model uses sliding-window attention (window {sliding_window}) which minivllm "
+            f"does not implement; pass max_model_len <= {sliding_window}"
+        )
+    return max_len
+
+
+def resolve_num_kv_blocks(
+    args: EngineArgs, max_model_len: int, bytes_per_block: float, default_memory: Callable[[], float]
+) -> int:
+    """The KV pool's size in blocks: ``args.num_kv_blocks``, else ``args.kv_cache_memory`` (or,
+    when neither is given, ``default_memory()`` bytes) over ``bytes_per_block``. Refused when it
+    cannot hold one sequence of ``max_model_len`` tokens (:func:`check_kv_pool`)."""
+    if args.num_kv_blocks is not None:
+        num_blocks, source = args.num_kv_blocks, f"num_kv_blocks={args.num_kv_blocks}"
+    else:
+        memory = args.kv_cache_memory or default_memory()
+        num_blocks = int(memory // bytes_per_block)
+        source = f"{memory / 2**30:.2f} GiB at {bytes_per_block:.0f} bytes per block"
+    check_kv_pool(num_blocks, args.block_size, max_model_len, source)
+    return num_blocks
+
+
+def check_kv_pool(num_blocks: int, block_size: int, max_model_len: int, source: str = "") -> None:
+    """A KV pool must hold one sequence of ``max_model_len`` tokens, or a request could never
+    run to its length limit."""
+    needed = cdiv(max_model_len, block_size)
+    if num_blocks < needed:
+        origin = f" (from {source})" if source else ""
+        raise ValueError(
+            f"the KV cache holds {num_blocks} blocks ({num_blocks * block_size} tokens){origin} but one "
+            f"max_model_len={max_model_len} sequence needs {needed} blocks; raise num_kv_blocks / "
+            f"kv_cache_memory or lower max_model_len"
         )
 
 

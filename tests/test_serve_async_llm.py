@@ -85,8 +85,15 @@ def test_validation_errors_reach_the_caller_and_queue_nothing(engine):
                 await llm.add_request([5] * engine.max_model_len, greedy(4))
             with pytest.raises(ValueError, match="empty"):
                 await llm.add_request([], greedy(4))
-            with pytest.raises(ValueError, match="integer token ids"):
+            with pytest.raises(TypeError, match="token ids must be integers"):
                 await llm.add_request([1, "two"], greedy(4))
+            # the engine's own rules, checked on the caller's side (InputProcessor)
+            with pytest.raises(ValueError, match="outside the vocabulary"):
+                await llm.add_request([1, engine.model_config.vocab_size], greedy(4))
+            with pytest.raises(ValueError, match="not valid Unicode"):
+                await llm.add_request("a lone surrogate \ud800", greedy(4))
+            with pytest.raises(TypeError, match="not bytes"):
+                await llm.add_request(b"hi", greedy(4))
             with pytest.raises(TypeError, match="SamplingParams"):
                 await llm.add_request("hi", {"max_tokens": 4})
             assert not engine.has_unfinished_requests()

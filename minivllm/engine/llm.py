@@ -65,10 +65,7 @@ class LLM:
         engine = self.engine
         checked = []
         for p, sp, pr in zip(prompts, params, prios, strict=True):
-            sp = SamplingParams() if sp is None else sp
-            engine.check_params(sp)
-            text, ids = engine.tokenize(p)
-            engine.check_prompt(ids)
+            text, ids, sp = engine.input_processor.process(p, sp, priority=pr)
             checked.append(({"prompt": text, "prompt_token_ids": ids}, sp, pr))
         with self._lock:
             ids = []

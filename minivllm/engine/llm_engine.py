@@ -1,6 +1,7 @@
 """``LLMEngine``: a model, a tokenizer and an :class:`~minivllm.core.engine_core.EngineCore`.
 
-    add_request  -> validate everything, tokenize, queue (nothing is queued if anything is wrong)
+    add_request  -> InputProcessor: validate everything, tokenize; then queue (nothing is
+                    queued if anything is wrong)
     step()       -> EngineCore.step()            schedule, run the model, sample, update
                     OutputProcessor.process()     text, stop strings, n > 1, logprobs
                  -> a RequestOutput for every request that made progress or ended
@@ -15,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,12 +23,19 @@ from pathlib import Path
 import torch
 
 from minivllm.attention import AttentionBackend
-from minivllm.config import EngineArgs, build_engine_core, build_scheduler, check_int
+from minivllm.config import (
+    EngineArgs,
+    build_engine_core,
+    build_scheduler,
+    check_kv_pool,
+    resolve_max_model_len,
+    resolve_num_kv_blocks,
+)
 from minivllm.core.interfaces import check_implements
+from minivllm.engine.input_processor import InputProcessor
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.sampler import Sampler
-from minivllm.math_utils import cdiv
 from minivllm.metrics import EngineStats
 from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
 from minivllm.outputs import RequestOutput
@@ -56,11 +63,14 @@ class LLMEngine:
         self._set_cpu_threads()
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_ids()
-        self.max_model_len = self._max_model_len()
+        cfg = self.model_config
+        self.max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
+        self.input_processor = InputProcessor(self.max_model_len, cfg.vocab_size, self.tokenizer)
         self.kv_dtype = resolve_dtype(args.dtype, self.device)
         scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         kv = scheduler.kv
-        self._check_pool(kv.num_blocks, kv.block_size)
+        check_kv_pool(kv.num_blocks, kv.block_size, self.max_model_len)  # a plug-in's pool too
+        self._check_memory(kv.num_blocks)
         backend = self.model.attention_layers[0].backend
         if getattr(backend, "name", "") == "triton" and kv.block_size < 16:
             raise ValueError(
@@ -140,34 +150,16 @@ class LLMEngine:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
 
-    def _max_model_len(self) -> int:
-        cfg = self.model_config
-        max_len = self.args.max_model_len or cfg.max_position_embeddings
-        if max_len > cfg.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
-                f"{cfg.max_position_embeddings}"
-            )
-        if cfg.sliding_window is not None and cfg.sliding_window < max_len:
-            raise ValueError(
-                f"this model uses sliding-window attention (window {cfg.sliding_window}) which minivllm "
-                f"does not implement; pass max_model_len <= {cfg.sliding_window}"
-            )
-        return max_len
-
     @property
     def bytes_per_block(self) -> int:
         itemsize = torch.finfo(self.kv_dtype).bits // 8
         return self.model_config.kv_bytes_per_token(itemsize) * self.args.block_size
 
     def _num_kv_blocks(self) -> int:
-        args = self.args
-        if args.num_kv_blocks is not None:
-            num_blocks = args.num_kv_blocks
-        else:
-            memory = args.kv_cache_memory or self._default_kv_memory()
-            num_blocks = int(memory // self.bytes_per_block)
-        self._check_pool(num_blocks, args.block_size)  # before any block object exists
+        num_blocks = resolve_num_kv_blocks(
+            self.args, self.max_model_len, self.bytes_per_block, self._default_kv_memory
+        )
+        self._check_memory(num_blocks)  # before any block object exists
         return num_blocks
 
     def _default_kv_memory(self) -> int:
@@ -180,16 +172,9 @@ class LLMEngine:
         wanted = per_token * self.max_model_len * self.args.max_num_seqs
         return max(min(_DEFAULT_CPU_KV_BYTES, wanted), per_token * self.max_model_len)
 
-    def _check_pool(self, num_blocks: int, block_size: int) -> None:
-        """The pool must hold one full-length sequence, and fit in memory (checked before the
-        tensors are allocated, so an absurd size fails fast instead of swapping)."""
-        needed = cdiv(self.max_model_len, block_size)
-        if num_blocks < needed:
-            raise ValueError(
-                f"the KV cache holds {num_blocks} blocks ({num_blocks * block_size} tokens) but one "
-                f"max_model_len={self.max_model_len} sequence needs {needed} blocks; raise "
-                f"num_kv_blocks / kv_cache_memory or lower max_model_len"
-            )
+    def _check_memory(self, num_blocks: int) -> None:
+        """The pool must fit in memory (checked before the tensors are allocated, so an absurd
+        size fails fast instead of swapping)."""
         cache_bytes = num_blocks * self.bytes_per_block
         host_bytes = num_blocks * _BOOKKEEPING_BYTES_PER_BLOCK
         if self.device.type == "cuda":
@@ -210,62 +195,18 @@ class LLMEngine:
 
     # --- requests --------------------------------------------------------------------------
     def tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        """``(text or None, token ids)`` of a prompt: a string, a list of token ids, or a
-        dict ``{"prompt_token_ids": [...]}`` / ``{"prompt": "..."}`` (vLLM's prompt dicts)."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self.tokenize(prompt["prompt"])
-            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): pass token ids")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise ValueError(f"the prompt is not valid Unicode text: {err}") from None
-            return prompt, list(self.tokenizer(prompt).input_ids)
-        if isinstance(prompt, (bytes, bytearray)):
-            raise TypeError("a prompt must be a str or a list of token ids, not bytes: decode it first")
-        if isinstance(prompt, (list, tuple)):
-            return None, self._token_ids(prompt)
-        raise TypeError(
-            f"a prompt must be a str, a list of token ids or a prompt dict, got {type(prompt).__name__}"
-        )
-
-    @staticmethod
-    def _token_ids(ids) -> list[int]:
-        if not isinstance(ids, (list, tuple)):
-            raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
-        bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)
-        if bad is not None:
-            raise TypeError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__})")
-        return list(ids)
+        """``(text or None, token ids)``: the engine's :class:`InputProcessor` at work."""
+        return self.input_processor.tokenize(prompt)
 
     def check_prompt(self, ids: list[int]) -> None:
-        """``ValueError`` naming the value and the limit for a prompt the engine cannot serve."""
-        if not ids:
-            raise ValueError("the prompt is empty (0 tokens); a request needs at least 1 prompt token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but max_model_len={self.max_model_len} "
-                f"(a prompt may have at most {self.max_model_len - 1} tokens, leaving room to generate)"
-            )
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        """``ValueError`` for a prompt this engine cannot serve (see :class:`InputProcessor`)."""
+        self.input_processor.check_prompt(ids)
 
-    def check_params(self, params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer (this engine has skip_tokenizer_init=True)")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
+    def caller_input_processor(self) -> InputProcessor:
+        """The same checks with a tokenizer of its own, for a front end that tokenizes on
+        another thread than the one stepping the engine (``AsyncLLM``)."""
+        tokenizer = None if self.tokenizer is None else self._load_tokenizer()
+        return self.input_processor.with_tokenizer(tokenizer)
 
     def add_request(
         self,
@@ -277,17 +218,9 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> str:
         """Validate and queue a request; returns its id. Raises before anything is queued."""
-        params = SamplingParams() if params is None else params
-        self.check_params(params)
-        check_int("priority", priority)
-        if arrival_time is not None and (
-            not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
-        ):
-            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-        text, ids = self.tokenize(prompt)
-        self.check_prompt(ids)
+        text, ids, params = self.input_processor.process(
+            prompt, params, priority=priority, arrival_time=arrival_time, cache_salt=cache_salt
+        )
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.output_processor.families or request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")

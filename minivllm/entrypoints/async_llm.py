@@ -7,6 +7,7 @@ calls ``step()``. ``AsyncLLM`` puts the two together the way vLLM's ``AsyncLLM``
     callers (asyncio tasks)                    loop thread (owns the LLMEngine)
     ───────────────────────                    ────────────────────────────────
     add_request() ── _Add ──> command queue ──> engine.add_request()  (ValueError goes back)
+      (inputs tokenized and checked here first, by the engine's InputProcessor rules)
     stream closed ── _Abort ─> command queue ──> engine.abort_request()
     async for out in stream <── call_soon_threadsafe(_deliver) <── engine.step() outputs
 
@@ -39,7 +40,6 @@ from dataclasses import dataclass, field
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.entrypoints.metrics import ServerMetrics
-from minivllm.model.loader import load_tokenizer
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -182,10 +182,10 @@ class AsyncLLM:
         self.engine = engine
         self.max_waiting = max_waiting
         self.metrics = metrics or ServerMetrics()
-        # The engine's tokenizer belongs to the loop thread; callers tokenize with their own.
-        self.tokenizer = (
-            None if engine.tokenizer is None else load_tokenizer(engine.args.tokenizer or engine.model_path)
-        )
+        # The engine's tokenizer belongs to the loop thread; callers tokenize and check their
+        # requests with the same rules and a tokenizer of their own.
+        self.input_processor = engine.caller_input_processor()
+        self.tokenizer = self.input_processor.tokenizer
         # A server runs for days: keep a short window of per-step figures (totals are kept
         # anyway); the gauges read the steps recorded since the last look.
         engine.stats.window = min(engine.stats.window or STATS_WINDOW, STATS_WINDOW)
@@ -210,10 +210,6 @@ class AsyncLLM:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
-
-    @property
-    def dead_error(self) -> BaseException | None:
-        return self._dead
 
     def start(self) -> None:
         """Start the loop thread; call from the event loop that will read the outputs."""
@@ -249,14 +245,7 @@ class AsyncLLM:
 
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         """The engine's tokenization (BOS included), done on the caller's side."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this server has no tokenizer: send token ids")
-            return prompt, list(self.tokenizer(prompt).input_ids)
-        ids = list(prompt)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError("a prompt must be a string or a list of integer token ids")
-        return None, ids
+        return self.input_processor.tokenize(prompt)
 
     async def add_request(
         self,
@@ -266,18 +255,15 @@ class AsyncLLM:
         priority: int = 0,
     ) -> RequestStream:
         """Queue a request and return its stream. Raises before anything is queued:
-        ``ValueError`` (the engine's validation, naming the value and the limit),
-        :class:`QueueFullError`, :class:`EngineDeadError`."""
+        ``ValueError`` / ``TypeError`` (the engine's validation, naming the value and the
+        limit), :class:`QueueFullError`, :class:`EngineDeadError`."""
         arrival = time.perf_counter()
         self._check_alive()
         self.start()
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        text, ids, params = self.input_processor.process(prompt, params, priority=priority)
         request_id = f"req-{uuid.uuid4().hex}" if request_id is None else str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, ids = self.tokenize(prompt)
         stream = RequestStream(request_id, text, ids, params.n, self._abort_from_caller)
         self._streams[request_id] = stream
         future = self._loop.create_future()

@@ -26,11 +26,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from minivllm.config import EngineArgs, build_engine_core, build_scheduler
+from minivllm.config import (
+    EngineArgs,
+    build_engine_core,
+    build_scheduler,
+    check_kv_pool,
+    resolve_max_model_len,
+    resolve_num_kv_blocks,
+)
 from minivllm.core.engine_core import EngineStalledError
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.math_utils import cdiv
+from minivllm.engine.input_processor import InputProcessor
 from minivllm.metrics import EngineStats
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
@@ -96,12 +103,8 @@ class Simulator:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.gpu_memory_utilization = gpu_memory_utilization
         self.args = args = EngineArgs.from_kwargs(**engine_args)
-        self.max_model_len = args.max_model_len or self.model.max_position_embeddings
-        if self.max_model_len > self.model.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
-                f"{self.model.max_position_embeddings}"
-            )
+        self.max_model_len = resolve_max_model_len(args, self.model.max_position_embeddings)
+        self.input_processor = InputProcessor(self.max_model_len, self.model.vocab_size)
         self._activation_reserve = (
             activation_reserve_bytes
             if activation_reserve_bytes is not None
@@ -109,6 +112,7 @@ class Simulator:
         )
         self.scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         self.kv = self.scheduler.kv
+        check_kv_pool(self.kv.num_blocks, self.kv.block_size, self.max_model_len)  # a plug-in's too
         self.executor = CostModelExecutor(self.cost_model, placeholder_token)
         self.core = build_engine_core(args, self.scheduler, self.executor, lambda: self.executor.clock)
         self.record_decisions = record_decisions
@@ -150,26 +154,17 @@ class Simulator:
         return usable - self.model.weight_bytes - self._activation_reserve
 
     def _num_kv_blocks(self) -> int:
-        args = self.args
-        if args.num_kv_blocks is not None:
-            num_blocks, source = args.num_kv_blocks, f"num_kv_blocks={args.num_kv_blocks}"
-        else:
-            memory = args.kv_cache_memory or self.kv_memory_from_hardware()
-            if memory <= 0:
-                raise ValueError(
-                    f"{self.model.name} weights ({self.model.weight_bytes / 1e9:.1f} GB) leave no room "
-                    f"for a KV cache on {self.hardware.name} ({self.hardware.memory_bytes / 1e9:.0f} GB x "
-                    f"{self.gpu_memory_utilization})"
-                )
-            num_blocks = int(memory // self.kv_block_bytes)
-            source = f"{memory / 1e9:.2f} GB of KV cache ({self.kv_block_bytes:.0f} bytes per block)"
-        needed = cdiv(self.max_model_len, args.block_size)
-        if num_blocks < needed:
+        return resolve_num_kv_blocks(self.args, self.max_model_len, self.kv_block_bytes, self._hardware_kv_memory)
+
+    def _hardware_kv_memory(self) -> float:
+        memory = self.kv_memory_from_hardware()
+        if memory <= 0:
             raise ValueError(
-                f"the KV cache holds {num_blocks} blocks (from {source}) but one "
-                f"max_model_len={self.max_model_len} sequence needs {needed} blocks"
+                f"{self.model.name} weights ({self.model.weight_bytes / 1e9:.1f} GB) leave no room "
+                f"for a KV cache on {self.hardware.name} ({self.hardware.memory_bytes / 1e9:.0f} GB x "
+                f"{self.gpu_memory_utilization})"
             )
-        return int(num_blocks)
+        return memory
 
     @property
     def num_kv_blocks(self) -> int:
@@ -184,13 +179,10 @@ class Simulator:
         arrival_time: float = 0.0,
         priority: int = 0,
     ) -> Request:
-        if not prompt_token_ids:
-            raise ValueError(f"request {request_id}: the prompt is empty")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"request {request_id}: the prompt has {len(prompt_token_ids)} tokens but "
-                f"max_model_len={self.max_model_len}"
-            )
+        try:
+            self.input_processor.check_prompt(prompt_token_ids)
+        except ValueError as err:
+            raise ValueError(f"request {request_id}: {err}") from None
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
         req = Request(request_id, list(prompt_token_ids), params, arrival_time=arrival_time, priority=priority)
         self.core.add_request(req)

@@ -1,0 +1,126 @@
+"""``InputProcessor``: the one place where a request's inputs are tokenized and checked.
+
+Everything a caller hands the engine -- the prompt (text, token ids or a prompt dict), its
+``SamplingParams``, a priority, an arrival time, a cache salt -- is turned into token ids and
+checked here, against what this engine can serve (``max_model_len``, the vocabulary, whether it
+has a tokenizer), with an error that names the value and the limit. ``LLMEngine.add_request``,
+``LLM.generate`` (every prompt of a batch before any is queued), ``AsyncLLM`` (on the caller's
+side, before a request crosses to the engine's thread) and the simulator use it, so the rules
+cannot drift apart.
+
+Pure Python: the tokenizer is any Hugging Face-style callable (``tokenizer(text).input_ids``). A
+Hugging Face tokenizer must not be used by two threads at once, so a front end that tokenizes
+outside the engine's thread takes its own copy (:meth:`InputProcessor.with_tokenizer`). vLLM
+v1 keeps the same step in ``vllm/v1/engine/processor.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from minivllm.config import check_int
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class InputProcessor:
+    """Tokenizes and checks requests for an engine of ``max_model_len`` tokens over a vocabulary
+    of ``vocab_size`` ids; ``tokenizer=None`` serves token-id prompts only."""
+
+    max_model_len: int
+    vocab_size: int
+    tokenizer: Any = None
+
+    def with_tokenizer(self, tokenizer: Any) -> InputProcessor:
+        """The same checks with another tokenizer (a copy for another thread)."""
+        return dataclasses.replace(self, tokenizer=tokenizer)
+
+    # --- everything at once ----------------------------------------------------------------
+    def process(
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> tuple[str | None, list[int], SamplingParams]:
+        """``(prompt text or None, prompt token ids, params)`` once every input is checked;
+        ``params=None`` means ``SamplingParams()``. Raises ``TypeError`` / ``ValueError``."""
+        params = SamplingParams() if params is None else params
+        self.check_params(params)
+        check_int("priority", priority)
+        if arrival_time is not None and (
+            not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
+        ):
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        text, ids = self.tokenize(prompt)
+        self.check_prompt(ids)
+        return text, ids, params
+
+    # --- the prompt ------------------------------------------------------------------------
+    def tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        """``(text or None, token ids)`` of a prompt: a string, a list of token ids, or a
+        dict ``{"prompt_token_ids": [...]}`` / ``{"prompt": "..."}`` (vLLM's prompt dicts)."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self.tokenize(prompt["prompt"])
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): pass token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"the prompt is not valid Unicode text: {err}") from None
+            return prompt, list(self.tokenizer(prompt).input_ids)
+        if isinstance(prompt, (bytes, bytearray)):
+            raise TypeError("a prompt must be a str or a list of token ids, not bytes: decode it first")
+        if isinstance(prompt, (list, tuple)):
+            return None, self._token_ids(prompt)
+        raise TypeError(
+            f"a prompt must be a str, a list of token ids or a prompt dict, got {type(prompt).__name__}"
+        )
+
+    @staticmethod
+    def _token_ids(ids) -> list[int]:
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
+        bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise TypeError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__})")
+        return list(ids)
+
+    def check_prompt(self, ids: list[int]) -> None:
+        """``ValueError`` naming the value and the limit for a prompt the engine cannot serve."""
+        if not ids:
+            raise ValueError("the prompt is empty (0 tokens); a request needs at least 1 prompt token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but max_model_len={self.max_model_len} "
+                f"(a prompt may have at most {self.max_model_len - 1} tokens, leaving room to generate)"
+            )
+        vocab = self.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+
+    # --- the sampling parameters -------------------------------------------------------------
+    def check_params(self, params: SamplingParams) -> None:
+        """What ``SamplingParams`` cannot check alone: what this engine's vocabulary and
+        tokenizer allow."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (this engine has skip_tokenizer_init=True)")
+        vocab = self.vocab_size
+        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
