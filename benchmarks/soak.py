@@ -168,7 +168,7 @@ def soak(num_requests: int, seed: int, policy: str, verbose: bool = True) -> dic
     stats = small.stats().summary()
     report = dict(
         requests=num_requests, good=len(good), mismatched=len(mismatched), **counts,
-        preemptions=stats["preemptions"], prefix_hit_tokens=small.engine.scheduler.prefix_hit_tokens,
+        preemptions=stats["preemptions"], prefix_hit_tokens=stats["prefix_cache_hits"],
         kv_blocks_left=small.engine.kv.num_used_blocks, entries_left=per_request_entries(small),
         poisoned_failed=int(poisoned_ok),
     )

@@ -1,17 +1,22 @@
 """Where an engine step's time goes: scheduling, building the batch, the model, sampling, output.
 
 Serves one seeded trace (token-id prompts, lognormal lengths, greedy, ``ignore_eos``) on the
-real engine and times each phase of every step by wrapping the engine's own methods:
+real engine and times each phase of every step without touching the engine's methods: the
+engine is built with ``engine_core=`` a factory that puts a timing wrapper around its executor
+(and, inside the model runner, around the model and the sampler it was given), and a step
+listener (``EngineCore.add_step_listener``) reads when each step started and ended:
 
-* ``schedule``         ``Scheduler.schedule`` (with the KV manager's allocations)
-* ``prepare inputs``   ``ModelRunner.prepare_inputs`` (flat batch, slots, ``AttentionMetadata``)
+* ``schedule``         the step's start to the executor's: ``Scheduler.schedule`` (with the KV
+                       manager's allocations) and completing the plan
+* ``prepare inputs``   the rest of ``ModelRunner.execute``: the flat batch, slots,
+                       ``AttentionMetadata``, copy-on-write copies
 * ``model forward``    the decoder over the flat batch (attention included)
 * ``lm head``          logits for the rows that sample
-* ``sample``           ``Sampler.__call__``
-* ``update``           ``Scheduler.update_from_output`` (tokens appended, stop rules, frees)
-* ``outputs``          ``OutputProcessor.process`` (detokenizing, ``RequestOutput``)
-
-"other" is the rest of ``LLMEngine.step`` (the step loop, statistics, block commits).
+* ``sample``           the ``Sampler``
+* ``update``           the executor's end to the step's: block commits, forks,
+                       ``Scheduler.update_from_output`` (tokens appended, stop rules, frees), statistics
+* ``outputs``          everything between steps: ``OutputProcessor.process`` (detokenizing,
+                       ``RequestOutput``) and ``LLM.generate``'s routing
 
     python benchmarks/step_profile.py [--requests 128] [--threads 1] [--max-num-seqs 64] [--ops]
 
@@ -22,7 +27,6 @@ take the most time (matrix multiplies of the linear layers, attention, the K/V g
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from collections import defaultdict
@@ -30,50 +34,73 @@ from collections import defaultdict
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.core.engine_core import EngineCore, StepOutput
 from minivllm.workloads import LogNormalLengths, fixed
 
 PROMPT = LogNormalLengths(mean=120, sigma=0.8, low=4, high=400)
 OUTPUT = LogNormalLengths(mean=150, sigma=0.8, low=4, high=400)
 
 
-def timed(totals: dict, name: str, fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+class _Timed:
+    """Calls ``inner`` and adds the seconds it took to ``totals[name]``."""
+
+    def __init__(self, inner, totals: dict[str, float], name: str):
+        self.inner, self.totals, self.name = inner, totals, name
+
+    def __call__(self, *args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            return self.inner(*args, **kwargs)
         finally:
-            totals[name] += time.perf_counter() - t0
-
-    return wrapper
+            self.totals[self.name] += time.perf_counter() - t0
 
 
-def instrument(llm: LLM) -> dict[str, float]:
-    """Wrap the engine's phases (instance attributes shadow the methods) and return the totals."""
-    totals: dict[str, float] = defaultdict(float)
-    e = llm.engine
-    e.scheduler.schedule = timed(totals, "schedule", e.scheduler.schedule)
-    e.scheduler.update_from_output = timed(totals, "update", e.scheduler.update_from_output)
-    e.runner.prepare_inputs = timed(totals, "prepare inputs", e.runner.prepare_inputs)
-    e.runner.sampler = _TimedSampler(e.runner.sampler, totals)
-    e.model.compute_logits = timed(totals, "lm head", e.model.compute_logits)
-    forward = e.model.forward
-    e.model.forward = timed(totals, "model forward", forward)
-    e.output_processor.process = timed(totals, "outputs", e.output_processor.process)
-    e.step = timed(totals, "step", e.step)
-    return totals
+class _TimedModel:
+    """The model as the model runner sees it (called, and ``compute_logits``), timed."""
+
+    def __init__(self, model, totals: dict[str, float]):
+        self.forward = _Timed(model, totals, "model forward")
+        self.compute_logits = _Timed(model.compute_logits, totals, "lm head")
+
+    def __call__(self, *args):
+        return self.forward(*args)
 
 
-class _TimedSampler:
-    def __init__(self, inner, totals):
+class TimedExecutor:
+    """The engine's executor, with the times of its last ``execute`` kept (``started``, ``ended``)."""
+
+    def __init__(self, inner, totals: dict[str, float]):
         self.inner, self.totals = inner, totals
+        self.started = self.ended = 0.0
 
-    def __call__(self, logits, requests):
-        t0 = time.perf_counter()
+    def execute(self, out):
+        self.started = time.perf_counter()
         try:
-            return self.inner(logits, requests)
+            return self.inner.execute(out)
         finally:
-            self.totals["sample"] += time.perf_counter() - t0
+            self.ended = time.perf_counter()
+            self.totals["execute"] += self.ended - self.started
+
+
+def timing_core(totals: dict[str, float]):
+    """An ``engine_core=`` factory: minivllm's ``EngineCore`` over a :class:`TimedExecutor`
+    around the engine's model runner, whose model and sampler are timed as well."""
+
+    def factory(scheduler, runner, **kwargs) -> EngineCore:
+        runner.model = _TimedModel(runner.model, totals)
+        runner.sampler = _Timed(runner.sampler, totals, "sample")
+        core = EngineCore(scheduler, TimedExecutor(runner, totals), **kwargs)
+
+        def phases(step: StepOutput) -> None:
+            executor = core.executor
+            totals["schedule"] += executor.started - step.start_time
+            totals["update"] += step.end_time - executor.ended
+            totals["step"] += step.end_time - step.start_time
+
+        core.add_step_listener(phases)
+        return core
+
+    return factory
 
 
 def make_trace(n: int, seed: int):
@@ -83,9 +110,10 @@ def make_trace(n: int, seed: int):
     return fixed(PROMPT.sample(rng, n), OUTPUT.sample(rng, n), seed=seed, name="profile")
 
 
-def warm_engine(requests: int, max_num_seqs: int, seed: int = 0):
+def warm_engine(requests: int, max_num_seqs: int, seed: int = 0, engine_core=None):
     """An engine warmed up on the trace's first prompts, and the trace's prompts and params."""
-    llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024, cpu_threads=torch.get_num_threads())
+    llm = LLM(max_num_seqs=max_num_seqs, max_model_len=1024, cpu_threads=torch.get_num_threads(),
+              engine_core=engine_core)
     vocab = llm.engine.model_config.vocab_size
     trace = make_trace(requests, seed)
     prompts = [it.prompt_token_ids(vocab) for it in trace]
@@ -95,11 +123,16 @@ def warm_engine(requests: int, max_num_seqs: int, seed: int = 0):
 
 
 def profile(requests: int, max_num_seqs: int, seed: int = 0) -> tuple[dict[str, float], float, int]:
-    llm, prompts, params = warm_engine(requests, max_num_seqs, seed)
-    totals = instrument(llm)
+    """Seconds per phase over the trace (the warm-up not counted), the wall time, the tokens."""
+    totals: dict[str, float] = defaultdict(float)
+    llm, prompts, params = warm_engine(requests, max_num_seqs, seed, engine_core=timing_core(totals))
+    totals.clear()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
+    inside = totals["model forward"] + totals["lm head"] + totals["sample"]
+    totals["prepare inputs"] = totals.pop("execute") - inside
+    totals["outputs"] = wall - totals["step"]
     return totals, wall, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
@@ -131,19 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(f"$ python benchmarks/step_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     totals, wall, tokens = profile(args.requests, args.max_num_seqs, args.seed)
-    step = totals.pop("step")
+    totals.pop("step")
     forward = totals["model forward"]
-    rows = [(k, v) for k, v in totals.items()]
-    rows.append(("other", step - sum(totals.values())))
     print(f"{args.requests} requests, {tokens} output tokens in {wall:.2f} s = {tokens / wall:,.0f} tok/s; "
           f"torch threads {torch.get_num_threads()}\n")
-    print("| phase | seconds | share of step time |")
+    print("| phase | seconds | share of the time |")
     print("|---|---:|---:|")
-    for name, secs in sorted(rows, key=lambda r: -r[1]):
-        print(f"| {name} | {secs:.2f} | {secs / step:.1%} |")
-    print(f"| **all steps** | {step:.2f} | 100% |")
-    print(f"\nmodel forward is {forward / step:.0%} of the step; everything around it "
-          f"{1 - forward / step:.0%}")
+    for name, secs in sorted(totals.items(), key=lambda r: -r[1]):
+        print(f"| {name} | {secs:.2f} | {secs / wall:.1%} |")
+    print(f"| **all** | {wall:.2f} | 100% |")
+    print(f"\nmodel forward is {forward / wall:.0%} of the time; everything around it "
+          f"{1 - forward / wall:.0%}")
     if args.ops:
         print("\ntorch.profiler, the same trace again (operators' self time, the profiler's own cost "
               "included):\n")

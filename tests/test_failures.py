@@ -165,21 +165,27 @@ def test_nan_logits_fail_one_request_and_spare_the_rest(llm, reference):
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
 
 
-def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on(llm, reference, caplog):
-    runner = llm.engine.runner
-    real, calls = runner.execute, []
+class FlakyExecutor:
+    """An executor that fails its third step (a device error), and runs ``inner`` otherwise."""
 
-    def flaky(out):
-        calls.append(len(out.requests))
-        if len(calls) == 3:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def execute(self, out):
+        self.calls += 1
+        if self.calls == 3:
             raise RuntimeError("simulated device error")
-        return real(out)
+        return self.inner.execute(out)
 
-    runner.execute = flaky
+
+def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on(llm, reference, caplog):
+    core = llm.engine.core
+    real = core.executor
+    core.executor = FlakyExecutor(real)
     try:
         first = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     finally:
-        runner.execute = real
+        core.executor = real
     assert {o.outputs[0].finish_reason for o in first} == {"error"}
     assert all("simulated device error" in o.outputs[0].error for o in first)
     assert "simulated device error" in caplog.text

@@ -7,7 +7,7 @@ must schedule the same requests for the same number of tokens, in the same order
 the same batch and memory figures. Cases cover chunked prefill, preemption from a small pool,
 the priority policy, the contiguous cache and static batching.
 
-The engine keeps no log of its decisions, so the test wraps ``engine.scheduler.schedule``.
+The engine's decisions are recorded by a step listener (``EngineCore.add_step_listener``).
 """
 
 from __future__ import annotations
@@ -46,14 +46,7 @@ def run_engine(model_dir: Path, trace: Trace, engine_args: dict):
     llm = LLM(str(model_dir), **engine_args)
     engine = llm.engine
     log: list[list[tuple[str, int]]] = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule():
-        out = schedule()
-        log.append(out.decisions())
-        return out
-
-    engine.scheduler.schedule = recording_schedule
+    engine.core.add_step_listener(lambda step: log.append(step.scheduler_output.decisions()))
     stats = workloads.run_on_engine(llm, trace)
     engine.check_invariants()
     return log, stats
