@@ -1,4 +1,6 @@
-"""Grade exercise 01 (`pytest -m ex01`): the same cases as `course.check` in the notebook.
+"""Grade exercise 01 (`pytest -m ex01`): beyond the notebook's cases (`test_cases.py`),
+random traces (hypothesis): the books agree with the engine's, and every wanted token
+is counted once.
 
 Imports `exercises/ex01_static_waste.py` (your work) by default, `solutions/` with
 `MINIVLLM_SOLUTIONS=1` or `--solutions`.
@@ -6,31 +8,15 @@ Imports `exercises/ex01_static_waste.py` (your work) by default, `solutions/` wi
 
 from __future__ import annotations
 
-import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from minivllm import course
+from minivllm.course.checks.ex01_static_waste import books, engine_books
 
 NAME = "ex01_static_waste"
-pytestmark = pytest.mark.ex01
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 # --- properties over many random traces -----------------------------------------------------------
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from minivllm.course.checks.ex01_static_waste import books, engine_books  # noqa: E402
-
-
 @st.composite
 def traces(draw):
     n = draw(st.integers(1, 16))

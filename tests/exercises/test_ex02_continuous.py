@@ -1,4 +1,6 @@
-"""Grade exercise 02 (`pytest -m ex02`): the same cases as `course.check` in the notebook.
+"""Grade exercise 02 (`pytest -m ex02`): beyond the notebook's cases (`test_cases.py`),
+random traces (hypothesis): the same decisions as minivllm's reference scheduler, and a
+chunked configuration refused.
 
 Imports `exercises/ex02_continuous.py` (your work) by default, `solutions/` with
 `MINIVLLM_SOLUTIONS=1` or `--solutions`.
@@ -7,30 +9,15 @@ Imports `exercises/ex02_continuous.py` (your work) by default, `solutions/` with
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from minivllm import course
+from minivllm.course.reference import TraceRequest, compare_with_reference
 
 NAME = "ex02_continuous"
-pytestmark = pytest.mark.ex02
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 # --- properties: any trace, same decisions as the reference scheduler ------------------------------
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from minivllm.course.reference import TraceRequest, compare_with_reference  # noqa: E402
-
-
 @st.composite
 def traces(draw):
     budget = draw(st.integers(1, 96))

@@ -1,4 +1,6 @@
-"""Grade exercise 03 (`pytest -m ex03`): the same cases as `course.check` in the notebook.
+"""Grade exercise 03 (`pytest -m ex03`): beyond the notebook's cases (`test_cases.py`),
+random traces and pools (hypothesis): the same decisions as minivllm's reference
+scheduler, and the steps to a first token.
 
 Imports `exercises/ex03_chunked_prefill.py` (your work) by default, `solutions/` with
 `MINIVLLM_SOLUTIONS=1` or `--solutions`.
@@ -6,31 +8,15 @@ Imports `exercises/ex03_chunked_prefill.py` (your work) by default, `solutions/`
 
 from __future__ import annotations
 
-import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from minivllm import course
+from minivllm.course.reference import TraceRequest, compare_with_reference
 
 NAME = "ex03_chunked_prefill"
-pytestmark = pytest.mark.ex03
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 # --- properties over many random traces and pools ------------------------------------------------
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from minivllm.course.reference import TraceRequest, compare_with_reference  # noqa: E402
-
-
 @st.composite
 def traces(draw):
     """Ragged prompts (many longer than the budget), bursty arrivals, and a pool between the

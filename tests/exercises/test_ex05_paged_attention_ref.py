@@ -1,4 +1,4 @@
-"""Grade exercise 05 (`pytest -m ex05`): the same cases as `course.check` in the notebook, plus
+"""Grade exercise 05 (`pytest -m ex05`): beyond the notebook's cases (`test_cases.py`),
 random steps (hypothesis) against SDPA on contiguous tensors, a half-precision cache next to
 minivllm's own backend, the protocol, and bad inputs.
 
@@ -13,23 +13,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm import course
 from minivllm.attention import AttentionBackend, get_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.course.checks.ex05_paged_attention_ref import DEVICE, Seq, expect_step, make_step
 
 NAME = "ex05_paged_attention_ref"
-pytestmark = pytest.mark.ex05
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""Grade exercise 07 (`pytest -m ex07`): the same cases as `course.check` in the notebook, plus
+"""Grade exercise 07 (`pytest -m ex07`): beyond the notebook's cases (`test_cases.py`),
 random traces (hypothesis) with shared prefixes, forks, salts and tight pools replayed through
 minivllm's scheduler over your manager and over minivllm's own (prefix caching on), which
 must agree step by step.
@@ -10,26 +10,13 @@ its checks, else on the reference one.
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm import course
 from minivllm.course.kv_replay import VOCAB, KVRequest, KVSetup, compare_with_minivllm
 
 NAME = "ex07_prefix_cache"
-pytestmark = pytest.mark.ex07
 PREFIXES = ((), (1, 2, 3, 1, 2, 3, 1, 2), (5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 3, 3), (1, 2, 3, 1))
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 @st.composite
@@ -65,7 +52,7 @@ def test_any_trace_gives_minivllms_block_tables(ex, case_input):
 
 def test_without_caching_it_is_the_plain_allocator_that_forks(ex):
     """``enable_caching=False``: no hits, no registration; forks and copies still work."""
-    from minivllm.course.kv_replay import replay, reference_kv
+    from minivllm.course.kv_replay import reference_kv, replay
 
     setup = KVSetup(num_blocks=40, block_size=4)
     trace = [KVRequest("a", (1, 2, 3, 4, 5, 6), 6, n=2), KVRequest("b", (1, 2, 3, 4, 5, 6, 7), 4, arrival_step=4)]

@@ -1,4 +1,6 @@
-"""Grade exercise 09 (`pytest -m ex09`): the same cases as `course.check` in the notebook.
+"""Grade exercise 09 (`pytest -m ex09`): beyond the notebook's cases (`test_cases.py`),
+the protocol the checks enforce, and random inputs (hypothesis): pools, waiting order,
+victims, preemption.
 
 Imports `exercises/ex09_reasoning.py` (your work) by default, `solutions/` with
 `MINIVLLM_SOLUTIONS=1` or `--solutions`.
@@ -7,21 +9,20 @@ Imports `exercises/ex09_reasoning.py` (your work) by default, `solutions/` with
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minivllm import course
+from minivllm.course.checks.ex09_reasoning import (
+    KV_DTYPES,
+    model_view,
+    req,
+    sequences_that_fit,
+    simulator_pool_blocks,
+    spec,
+)
 
 NAME = "ex09_reasoning"
-pytestmark = pytest.mark.ex09
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 def test_the_exercise_documents_the_protocol_the_checks_enforce():
@@ -31,18 +32,6 @@ def test_the_exercise_documents_the_protocol_the_checks_enforce():
 
 
 # --- properties over many random inputs ------------------------------------------------------------
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from minivllm.course.checks.ex09_reasoning import (  # noqa: E402
-    KV_DTYPES,
-    model_view,
-    req,
-    sequences_that_fit,
-    simulator_pool_blocks,
-    spec,
-)
-
 MODELS = ("llama-3-8b", "llama-3-70b", "qwen3-0.6b")
 
 

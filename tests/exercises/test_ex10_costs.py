@@ -1,4 +1,5 @@
-"""Grade exercise 10 (`pytest -m ex10`): the same cases as `course.check` in the notebook.
+"""Grade exercise 10 (`pytest -m ex10`): beyond the notebook's cases (`test_cases.py`),
+the protocol the checks enforce, and views that refuse what it does not list.
 
 Imports `exercises/ex10_costs.py` (your work) by default, `solutions/` with
 `MINIVLLM_SOLUTIONS=1` or `--solutions`.
@@ -11,17 +12,6 @@ import pytest
 from minivllm import course
 
 NAME = "ex10_costs"
-pytestmark = pytest.mark.ex10
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return course.load(NAME)
-
-
-@pytest.mark.parametrize("case", course.cases_for(NAME), ids=lambda c: f"{c.func}: {c.name}")
-def test_case(ex, case):
-    course.require(case, ex)
 
 
 def test_the_exercise_documents_the_protocol_the_checks_enforce():

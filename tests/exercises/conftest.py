@@ -1,0 +1,28 @@
+"""What every exercise's grader shares: the exercise a module grades is its ``NAME``; the
+``ex`` fixture is that exercise, loaded as ``course.load`` loads it (``exercises/``, your work, or
+``solutions/`` with ``MINIVLLM_SOLUTIONS=1`` or ``--solutions``); and every test of the module
+carries the exercise's marker (``pytest -m ex04``; the root ``conftest.py`` declares one per
+solution file). The notebook's cases of every exercise run in ``test_cases.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm import course
+
+
+def marker(name: str) -> pytest.MarkDecorator:
+    """``ex04_block_allocator`` -> ``pytest.mark.ex04``."""
+    return getattr(pytest.mark, name.split("_")[0])
+
+
+@pytest.fixture(scope="module")
+def ex(request):
+    return course.load(request.module.NAME)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        name = getattr(item.module, "NAME", None)
+        if name is not None:
+            item.add_marker(marker(name))
