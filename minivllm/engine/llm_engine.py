@@ -111,11 +111,11 @@ class LLMEngine:
 
     def _set_cpu_threads(self) -> None:
         """On a CPU, choose torch's (process-wide) thread count. A small model's matmuls are too
-        small to gain much from a second thread (+16 % on the tiny model on an idle 2-core
-        machine), while threads that compete with other work for the cores lose badly (the
-        tiny model at 2 threads fell to a fifth with another process busy; at 1 thread it kept
-        nearly all): see docs/benchmarks.md. So small models (hidden size < 1024) get 1 thread
-        unless ``cpu_threads`` says otherwise; larger models keep torch's default."""
+        small to gain much from a second thread, while threads that compete with other work for
+        the cores lose badly (a parallel operation waits for its slowest thread): measured by
+        ``benchmarks/vs_vllm.py`` and ``benchmarks/throughput.py``, see "Threads" in
+        docs/benchmarks.md. So small models (hidden size < 1024) get 1 thread unless
+        ``cpu_threads`` says otherwise; larger models keep torch's default."""
         if self.device.type != "cpu":
             return
         threads = self.args.cpu_threads
