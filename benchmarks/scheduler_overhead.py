@@ -1,10 +1,11 @@
 """CPU cost of scheduling + KV-cache bookkeeping per decode token, with a fake model runner.
 
 256 requests, prompt and output lengths uniform in 100..1024, ``ignore_eos``, all arriving at
-once; the fake "model" returns token 7 for every row that samples. Only ``schedule()`` and
-``update_from_output()`` are timed: the scheduler, the block pool and the request bookkeeping. This is the work a serving engine must
-keep far below a GPU step (a few ms). Reported: CPU microseconds (this thread's CPU time, so
-other load on the machine does not inflate it) per generated token.
+once; the fake "model" returns token 7 for every row that samples. Timed: ``schedule()`` and the
+plan's token counts (which the statistics read every step), committing the step's filled blocks,
+and ``update_from_output()``: the scheduler, the block pool and the request bookkeeping. This is
+the work a serving engine must keep far below a GPU step (a few ms). Reported: CPU microseconds
+(this thread's CPU time, so other load on the machine does not inflate it) per generated token.
 
     python benchmarks/scheduler_overhead.py [--requests 256] [--block-sizes 16 256] [--repeats 3]
 """
@@ -43,7 +44,7 @@ def run_once(n: int, block_size: int, seed: int, prefix_caching: bool) -> tuple[
     sched = Scheduler(cfg, kv)
     for r in reqs:
         sched.add_request(r)
-    decode_tokens = steps = 0
+    decode_tokens = prefill_tokens = steps = 0
     elapsed = 0.0
     clock = time.thread_time  # CPU time of this thread: robust to other load on the machine
     gc.collect()
@@ -51,6 +52,7 @@ def run_once(n: int, block_size: int, seed: int, prefix_caching: bool) -> tuple[
     while sched.has_unfinished_requests():
         t0 = clock()
         out = sched.schedule()
+        prefill_tokens += out.num_prefill_tokens  # what EngineStats.record_step reads
         t1 = clock()
         # the fake model runner (not timed): token 7 for every request that samples
         sampled = {r.request_id: 7 for r, s in zip(out.requests, out.sample) if s}
@@ -62,6 +64,7 @@ def run_once(n: int, block_size: int, seed: int, prefix_caching: bool) -> tuple[
         steps += 1
     gc.enable()
     assert kv.num_free_blocks == kv.num_blocks, "blocks leaked"
+    assert prefill_tokens == sum(r.num_prompt_tokens for r in reqs), "every prompt token computed once"
     return elapsed, decode_tokens, steps
 
 

@@ -121,14 +121,14 @@ class KVCacheManager:
         changed: no block taken, no reference count touched.
         """
         rid = request.request_id
-        bs = self.block_size
+        ids = self.req_to_block_ids.get(rid)
         computed = request.num_computed_tokens
-        if not new_computed_blocks and (not self._forked or rid not in self._forked):
+        bs = self.block_size
+        if ids is not None and not new_computed_blocks and (not self._forked or rid not in self._forked):
             # fast path (most decode steps): the new tokens fit in the blocks already held
-            ids = self.req_to_block_ids.get(rid)
-            if ids is not None and computed + num_new_tokens + num_lookahead_tokens <= len(ids) * bs:
-                end = computed + num_new_tokens
-                if end // bs != computed // bs and self.enable_caching:  # a block fills up
+            end = computed + num_new_tokens
+            if end + num_lookahead_tokens <= len(ids) * bs:
+                if end % bs < num_new_tokens and self.enable_caching:  # a block fills up
                     self._filled_this_step.append((request, end))
                 return ids
         blocks = self.req_to_blocks.get(rid)
@@ -137,9 +137,10 @@ class KVCacheManager:
         num_new_blocks = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, bs) - num_have
         pool = self.block_pool
         # Copy-on-write: held blocks that this step writes into but that others share.
-        shared = self._shared_blocks_to_write(rid, blocks, num_computed, num_new_tokens) if blocks else []
+        forked = blocks and self._forked and rid in self._forked
+        shared = self._shared_blocks_to_write(rid, blocks, num_computed, num_new_tokens) if forked else []
         # Hits sitting in the free queue stop being available once we take them.
-        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) if new_computed_blocks else 0
         if max(num_new_blocks, 0) + len(shared) > pool.num_free_blocks - num_free_hits:
             return None
         if shared:
@@ -169,10 +170,19 @@ class KVCacheManager:
         one preempted and admitted again in the same step registers only what it computes now.
         """
         filled, self._filled_this_step = self._filled_this_step, []
+        bs, num_cached = self.block_size, self._num_cached_blocks
         for request, end in filled:
-            blocks = self.req_to_blocks.get(request.request_id)
-            if blocks:
-                self._cache_full_blocks(request, blocks, min(end, request.num_computed_tokens))
+            rid = request.request_id
+            blocks = self.req_to_blocks.get(rid)
+            if not blocks:
+                continue
+            # the blocks full once the step's tokens are written (lookahead room is never hashed)
+            num_full = min(end, request.num_computed_tokens, len(request.all_token_ids)) // bs
+            start = num_cached.get(rid, 0)
+            if num_full > start:
+                hashes = self.block_hashes(request)
+                self.block_pool.cache_full_blocks(blocks[start:num_full], hashes[start:num_full])
+                num_cached[rid] = num_full
 
     def discard_unwritten_blocks(self) -> None:
         """The step failed: its blocks hold no trustworthy K/V, so register none of them."""
@@ -226,18 +236,6 @@ class KVCacheManager:
     def num_referenced_blocks(self) -> int:
         """Sum of block-table lengths: what the requests would hold without any sharing."""
         return sum(len(ids) for ids in self.req_to_block_ids.values())
-
-    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Register the blocks that will be full once ``num_tokens`` tokens are written
-        (only tokens the request already has: lookahead room is never hashed)."""
-        num_full = min(num_tokens, len(request.all_token_ids)) // self.block_size
-        rid = request.request_id
-        start = self._num_cached_blocks.get(rid, 0)
-        if num_full <= start:
-            return
-        hashes = self.block_hashes(request)
-        self.block_pool.cache_full_blocks(blocks[start:num_full], hashes[start:num_full])
-        self._num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first (so its shared prefix is evicted last)."""

@@ -231,30 +231,24 @@ class Scheduler(SchedulerBase):
         )
         preempted = out.preempted
         for req in tuple(self.running):  # a snapshot: preemption edits the list
-            if budget <= 0:
-                break
             if preempted and req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step to make room
             computed = req.num_computed_tokens
             num_tokens = len(req.all_token_ids)
             num_new = num_tokens - computed
-            if num_new <= 0:  # nothing to compute until its next token is sampled
-                continue
-            if num_new > budget:
+            if not 0 < num_new <= budget:
+                if num_new <= 0:  # nothing to compute until its next token is sampled
+                    continue
+                if budget <= 0:
+                    break
                 if not chunked:
                     continue
                 num_new = budget
             block_ids = allocate(req, num_new)
-            while block_ids is None:
-                # Out of blocks: preempt (newest first under FCFS) until req fits or is itself
-                # the victim. A victim already in this step's batch gives its budget back.
-                victim = self._pick_victim()
-                budget += self._preempt(victim, out)
-                if victim is req:
-                    break
-                block_ids = allocate(req, num_new)
             if block_ids is None:
-                continue
+                block_ids, budget = self._make_room(req, num_new, out, budget)
+                if block_ids is None:
+                    continue
             out_reqs.append(req)
             out_new.append(num_new)
             out_done.append(computed)
@@ -263,6 +257,19 @@ class Scheduler(SchedulerBase):
             req.num_computed_tokens = computed + num_new
             budget -= num_new
         return budget
+
+    def _make_room(self, req: Request, num_new: int, out: SchedulerOutput, budget: int) -> tuple[list[int] | None, int]:
+        """Out of blocks for ``req``: preempt (newest first under FCFS) until it fits or is
+        itself the victim; a victim already in this step's batch gives its budget back.
+        Returns ``(req's block table or None, the budget)``."""
+        while True:
+            victim = self._pick_victim()
+            budget += self._preempt(victim, out)
+            if victim is req:
+                return None, budget
+            block_ids = self.kv.allocate_slots(req, num_new)
+            if block_ids is not None:
+                return block_ids, budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         """Admit waiting requests while budget, seats and KV blocks last (prefix hits first)."""
