@@ -133,3 +133,12 @@ def test_config_errors_name_the_limit():
         SchedulerConfig(max_num_batched_tokens=100, max_model_len=200, enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="policy|scheduling_policy"):
         SchedulerConfig(policy="lifo")
+
+
+def test_static_batching_refuses_a_policy_other_than_fcfs():
+    from minivllm.core.policies import PriorityPolicy
+    from minivllm.core.static_scheduler import StaticBatchScheduler
+
+    for policy in ("priority", PriorityPolicy()):
+        with pytest.raises(ValueError, match="only scheduling_policy='fcfs'"):
+            StaticBatchScheduler(SchedulerConfig(policy=policy), KVCacheManager(16, 16))

@@ -24,9 +24,9 @@ class StaticBatchScheduler(SchedulerBase):
     samples as separate requests, and beam search is refused)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
-        if config.policy != "fcfs" and getattr(config.policy, "name", None) != "fcfs":
-            raise ValueError("the static batching baseline supports only scheduling_policy='fcfs'")
         super().__init__(config, kv_cache_manager)
+        if self.policy.name != "fcfs":
+            raise ValueError("the static batching baseline supports only scheduling_policy='fcfs'")
         self.batch: list[Request] = []  # current batch, finished members included
         self.num_batches = 0
 
