@@ -137,7 +137,6 @@ def test_config_errors_name_the_limit():
 
 def test_static_batching_refuses_a_policy_other_than_fcfs():
     from minivllm.core.policies import PriorityPolicy
-    from minivllm.core.static_scheduler import StaticBatchScheduler
 
     for policy in ("priority", PriorityPolicy()):
         with pytest.raises(ValueError, match="only scheduling_policy='fcfs'"):
