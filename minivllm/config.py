@@ -213,11 +213,18 @@ def check_kv_pool(num_blocks: int, block_size: int, max_model_len: int, source: 
 
 
 def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> SchedulerInterface:
-    """The scheduler (with its KV cache manager) that ``args`` describe.
+    """The scheduler (with its KV cache manager) that ``args`` describe; its pool, a plug-in's
+    included, must hold one sequence of ``max_model_len`` tokens (:func:`check_kv_pool`).
 
     ``num_blocks()`` sizes a built-in KV pool; it is not called when ``args`` bring their own
     manager (``kv_cache=<instance>``, or a scheduler instance that holds one).
     """
+    scheduler = _build_scheduler(args, max_model_len, num_blocks)
+    check_kv_pool(scheduler.kv.num_blocks, scheduler.kv.block_size, max_model_len)
+    return scheduler
+
+
+def _build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> SchedulerInterface:
     sched_cfg = args.scheduler_config(max_model_len)
     if not isinstance(args.scheduler, str) and not callable(args.scheduler):  # an instance
         if not isinstance(args.kv_cache, str) and args.kv_cache is not args.scheduler.kv:

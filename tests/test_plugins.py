@@ -78,7 +78,8 @@ class FreeListKV:
 
 class FifoScheduler:
     """Continuous batching without chunking or preemption: running requests decode, then
-    waiting ones are admitted whole while the budget, the seats and the blocks last."""
+    waiting ones are admitted whole (less their prefix-cache hits) while the budget, the seats
+    and the blocks last. It keeps no statistics: the engine reads them off its plans."""
 
     def __init__(self, config, kv):
         self.config, self.kv = config, kv
@@ -109,12 +110,17 @@ class FifoScheduler:
                 budget -= n
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            if req.num_tokens > budget or not self._plan(out, req, req.num_tokens):
+            hits, num_hit = self.kv.get_computed_blocks(req)  # ([], 0) without a prefix cache
+            num_new = req.num_tokens - num_hit
+            table = self.kv.allocate_slots(req, num_new, hits) if num_new <= budget else None
+            if table is None:
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            budget -= req.num_tokens
+            out.add(req, num_hit, num_new, table)
+            req.num_computed_tokens = num_hit + num_new
+            budget -= num_new
         return out
 
     def update_from_output(self, sampled_token_ids):
@@ -352,39 +358,12 @@ def test_a_policy_that_always_preempts_cannot_make_a_step_loop_forever():
         signal.signal(signal.SIGALRM, previous)
 
 
-class CachingFifoScheduler(FifoScheduler):
-    """FifoScheduler that admits with the prefix cache's hits (``get_computed_blocks``). It keeps
-    no statistics: the engine reads what the cache saved off its plans."""
-
-    def schedule(self):
-        out, budget = SchedulerOutput(), self.config.max_num_batched_tokens
-        for req in self.running:
-            n = req.num_tokens - req.num_computed_tokens
-            if 0 < n <= budget and self._plan(out, req, n):
-                budget -= n
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            hits, num_hit = self.kv.get_computed_blocks(req)
-            num_new = req.num_tokens - num_hit
-            table = self.kv.allocate_slots(req, num_new, hits) if num_new <= budget else None
-            if table is None:
-                break
-            self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.add(req, num_hit, num_new, table)
-            req.num_computed_tokens = num_hit + num_new
-            budget -= num_new
-        return out
-
-
 def test_a_plug_in_schedulers_prefix_hits_are_counted():
     """The prefix hit rate and each output's num_cached_tokens come from the plans, so a
     plug-in scheduler that reuses cached blocks reports them like minivllm's own."""
     shared = "Once upon a time there was a little fox who lived in the woods near a river. "
     prompts = [shared + p for p in PROMPTS]
-    llm = LLM(max_model_len=128, num_kv_blocks=64, scheduler=CachingFifoScheduler, max_num_seqs=1,
-              debug_checks=True)
+    llm = LLM(max_model_len=128, num_kv_blocks=64, scheduler=FifoScheduler, max_num_seqs=1, debug_checks=True)
     plain = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [

@@ -27,7 +27,6 @@ from minivllm.config import (
     EngineArgs,
     build_engine_core,
     build_scheduler,
-    check_kv_pool,
     resolve_max_model_len,
     resolve_num_kv_blocks,
 )
@@ -69,7 +68,6 @@ class LLMEngine:
         self.kv_dtype = resolve_dtype(args.dtype, self.device)
         scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         kv = scheduler.kv
-        check_kv_pool(kv.num_blocks, kv.block_size, self.max_model_len)  # a plug-in's pool too
         self._check_memory(kv.num_blocks)
         backend = self.model.attention_layers[0].backend
         if getattr(backend, "name", "") == "triton" and kv.block_size < 16:

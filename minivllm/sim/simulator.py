@@ -30,7 +30,6 @@ from minivllm.config import (
     EngineArgs,
     build_engine_core,
     build_scheduler,
-    check_kv_pool,
     resolve_max_model_len,
     resolve_num_kv_blocks,
 )
@@ -112,7 +111,6 @@ class Simulator:
         )
         self.scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         self.kv = self.scheduler.kv
-        check_kv_pool(self.kv.num_blocks, self.kv.block_size, self.max_model_len)  # a plug-in's too
         self.executor = CostModelExecutor(self.cost_model, placeholder_token)
         self.core = build_engine_core(args, self.scheduler, self.executor, lambda: self.executor.clock)
         self.record_decisions = record_decisions
