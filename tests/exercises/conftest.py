@@ -6,6 +6,8 @@ solution file). The notebook's cases of every exercise run in ``test_cases.py``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from minivllm import course
@@ -21,8 +23,13 @@ def ex(request):
     return course.load(request.module.NAME)
 
 
+HERE = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(items) -> None:
+    """Called with every item of the session (notebook cells too): mark this folder's."""
     for item in items:
-        name = getattr(item.module, "NAME", None)
-        if name is not None:
-            item.add_marker(marker(name))
+        if Path(item.fspath).resolve().parent == HERE:
+            name = getattr(getattr(item, "module", None), "NAME", None)
+            if name is not None:
+                item.add_marker(marker(name))
