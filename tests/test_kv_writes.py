@@ -113,11 +113,10 @@ class EagerRegistrationKV(KVCacheManager):
 
     def allocate_slots(self, request, num_new_tokens, new_computed_blocks=(), num_lookahead_tokens=0):
         table = super().allocate_slots(request, num_new_tokens, new_computed_blocks, num_lookahead_tokens)
-        if table is not None:  # commit now, as if the step had already computed these tokens
-            done = len(new_computed_blocks) * self.block_size + num_new_tokens
-            request.num_computed_tokens += done
-            self.commit_written_blocks()
-            request.num_computed_tokens -= done
+        if table is not None:
+            end = request.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
+            self._cache_full_blocks(request, self.req_to_blocks[request.request_id], end)
+            self._filled_this_step = []
         return table
 
 

@@ -170,19 +170,10 @@ class KVCacheManager:
         one preempted and admitted again in the same step registers only what it computes now.
         """
         filled, self._filled_this_step = self._filled_this_step, []
-        bs, num_cached = self.block_size, self._num_cached_blocks
         for request, end in filled:
-            rid = request.request_id
-            blocks = self.req_to_blocks.get(rid)
-            if not blocks:
-                continue
-            # the blocks full once the step's tokens are written (lookahead room is never hashed)
-            num_full = min(end, request.num_computed_tokens, len(request.all_token_ids)) // bs
-            start = num_cached.get(rid, 0)
-            if num_full > start:
-                hashes = self.block_hashes(request)
-                self.block_pool.cache_full_blocks(blocks[start:num_full], hashes[start:num_full])
-                num_cached[rid] = num_full
+            blocks = self.req_to_blocks.get(request.request_id)
+            if blocks:
+                self._cache_full_blocks(request, blocks, min(end, request.num_computed_tokens))
 
     def discard_unwritten_blocks(self) -> None:
         """The step failed: its blocks hold no trustworthy K/V, so register none of them."""
@@ -236,6 +227,18 @@ class KVCacheManager:
     def num_referenced_blocks(self) -> int:
         """Sum of block-table lengths: what the requests would hold without any sharing."""
         return sum(len(ids) for ids in self.req_to_block_ids.values())
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Register the blocks that will be full once ``num_tokens`` tokens are written
+        (only tokens the request already has: lookahead room is never hashed)."""
+        num_full = min(num_tokens, len(request.all_token_ids)) // self.block_size
+        rid = request.request_id
+        start = self._num_cached_blocks.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request)
+        self.block_pool.cache_full_blocks(blocks[start:num_full], hashes[start:num_full])
+        self._num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first (so its shared prefix is evicted last)."""
