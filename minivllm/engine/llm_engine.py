@@ -258,14 +258,33 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
 
     def check_params(self, params: SamplingParams) -> None:
+        """What ``SamplingParams`` cannot check alone: the limits of this model (its
+        vocabulary) and of this engine (a tokenizer for stop strings)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (this engine has skip_tokenizer_init=True)")
         vocab = self.model_config.vocab_size
-        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        for name in ("top_k", "logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab:
+                raise ValueError(f"{name} must be at most {vocab} (the vocabulary size), got {name}={value}")
+        stop_ids = params.stop_token_ids
+        if len(stop_ids) > vocab:
+            raise ValueError(
+                f"stop_token_ids has {len(stop_ids)} entries but the vocabulary has {vocab} tokens"
+            )
+        bad = next((t for t in stop_ids if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.min_tokens and len(stop_ids) >= vocab - len(self.eos_token_ids):
+            stops = set(stop_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+            if len(stops) >= vocab:
+                with_eos = "" if params.ignore_eos else "with EOS, "
+                raise ValueError(
+                    f"min_tokens={params.min_tokens} cannot be met: {with_eos}stop_token_ids cover all "
+                    f"{vocab} tokens, so no token may be generated before min_tokens"
+                )
 
     def add_request(
         self,
@@ -288,22 +307,43 @@ class LLMEngine:
             raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.output_processor.families or request_id in self.scheduler.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
+        child_ids = sample_ids(request_id, params.n)
+        self._check_ids_free(request_id, child_ids)
         now = time.perf_counter() if arrival_time is None else arrival_time
-        if params.n == 1:
-            samples = [(request_id, params)]
-        else:
-            samples = [(f"{request_id}#{i}", params.for_sample(i)) for i in range(params.n)]
+        child_params = [params] if params.n == 1 else [params.for_sample(i) for i in range(params.n)]
         children = [
             Request(rid, ids, sp, arrival_time=now, priority=priority,
                     eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, prompt=text)
-            for rid, sp in samples
+            for rid, sp in zip(child_ids, child_params, strict=True)
         ]
         self.core.add_request(children[0], children[1:])
         self.output_processor.add_request(request_id, text, children)
         return request_id
+
+    def _in_use(self, request_id: str) -> bool:
+        """A user request's id, or the id of one of its samples, while it is unfinished."""
+        op = self.output_processor
+        return request_id in op.families or request_id in op.children or request_id in self.scheduler.requests
+
+    def _new_request_id(self, n: int) -> str:
+        while True:  # skip the ids callers chose themselves
+            request_id = str(next(self._ids))
+            if not any(map(self._in_use, {request_id, *sample_ids(request_id, n)})):
+                return request_id
+
+    def _check_ids_free(self, request_id: str, child_ids: list[str]) -> None:
+        """The user's id and its samples' ids (``id#0``, ``id#1``, ... when ``n > 1``) must not
+        name a request or a sample in flight: two states under one id would mix their outputs
+        and leave one caller waiting forever."""
+        if self._in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        clash = next((cid for cid in child_ids if cid != request_id and self._in_use(cid)), None)
+        if clash is not None:
+            raise ValueError(
+                f"request_id {request_id!r} names its {len(child_ids)} samples {child_ids[0]!r}..."
+                f"{child_ids[-1]!r}, but {clash!r} is already in use"
+            )
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
         """End requests now (``finish_reason="abort"``), free their blocks, and return their
@@ -324,7 +364,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; a :class:`RequestOutput` for every request that got a token or
         ended (a request that failed ends with ``finish_reason="error"``)."""
-        return self.output_processor.process(self.core.step())
+        try:
+            core_out = self.core.step()
+        except BaseException:  # Ctrl-C: the core ended the step's requests; forget them here too
+            self.output_processor.forget_finished()
+            raise
+        return self.output_processor.process(core_out)
 
     def check_invariants(self) -> None:
         self.core.check_invariants()
@@ -335,6 +380,11 @@ class LLMEngine:
     def reset_stats(self) -> None:
         """Start the statistics afresh (e.g. after a warm-up run)."""
         self.core.reset_stats()
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The engine-level ids of a user request's ``n`` samples: the id itself when ``n == 1``."""
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
 
 
 def _available_host_memory() -> int | None:
