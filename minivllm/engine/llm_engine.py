@@ -33,7 +33,7 @@ from minivllm.metrics import EngineStats
 from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
 from minivllm.outputs import RequestOutput
 from minivllm.request import Request
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, short_repr
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
 SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see LLMEngine._set_cpu_threads)
@@ -217,7 +217,8 @@ class LLMEngine:
                 return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
-            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+            keys = short_repr(sorted(map(str, prompt)))
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {keys}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): pass token ids")
@@ -240,7 +241,7 @@ class LLMEngine:
             raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
         bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)
         if bad is not None:
-            raise TypeError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__})")
+            raise TypeError(f"prompt token ids must be integers, got {short_repr(bad)} ({type(bad).__name__})")
         return list(ids)
 
     def check_prompt(self, ids: list[int]) -> None:
@@ -302,7 +303,7 @@ class LLMEngine:
         if arrival_time is not None and (
             not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
         ):
-            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {short_repr(arrival_time)}")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         text, ids = self.tokenize(prompt)
