@@ -157,8 +157,8 @@ class SamplingParams:
                 raise ValueError(f"stop strings must be non-empty strings, got stop[{i}]={short_repr(s)}")
             if not is_valid_unicode(s):
                 raise ValueError(f"stop string {i} is not valid Unicode (it has a lone surrogate): {short_repr(s)}")
-        for t in self.stop_token_ids:
-            _require_int("each of stop_token_ids", t, 0)
+        for i, t in enumerate(self.stop_token_ids):
+            _require_int(f"stop_token_ids[{i}]", t, 0)
 
     @property
     def greedy(self) -> bool:

@@ -71,7 +71,7 @@ INT64_MAX = 2**63 - 1
     (dict(prompt_logprobs=2**64), rf"prompt_logprobs must be at most {INT64_MAX}"),
     (dict(max_tokens=2**63), rf"max_tokens must be at most {INT64_MAX}"),
     (dict(min_tokens=2**63, max_tokens=None), rf"min_tokens must be at most {INT64_MAX}"),
-    (dict(stop_token_ids=[3, 2**63]), rf"each of stop_token_ids must be at most {INT64_MAX}"),
+    (dict(stop_token_ids=[3, 2**63]), rf"stop_token_ids\[1\] must be at most {INT64_MAX}"),
     (dict(n=MAX_N + 1), rf"n must be in \[1, {MAX_N}\]"),
     (dict(temperature=1e39), r"temperature must be at most 3.4\d*e\+38"),
     (dict(stop=["x"] * (MAX_STOP_STRINGS + 1)), rf"at most {MAX_STOP_STRINGS} stop strings"),

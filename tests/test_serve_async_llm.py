@@ -154,7 +154,7 @@ def test_a_caller_that_leaves_aborts_its_request_and_frees_its_blocks(engine, ho
                     await task
             await wait_idle(llm)
             assert not seen[-1].finished
-            assert llm.metrics.finished.get("abort") == 1
+            assert llm.metrics.finished.get("abort") == 2  # per sequence: n=2
             assert llm.metrics.kv_usage.value == 0
         finally:
             await llm.shutdown()

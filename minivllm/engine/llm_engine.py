@@ -277,7 +277,7 @@ class LLMEngine:
             )
         bad = next((t for t in stop_ids if t >= vocab), None)
         if bad is not None:
-            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"stop_token_ids has {bad}, which is outside the vocabulary [0, {vocab})")
         if params.min_tokens and len(stop_ids) >= vocab - len(self.eos_token_ids):
             stops = set(stop_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
             if len(stops) >= vocab:
