@@ -87,6 +87,8 @@ def test_validation_errors_reach_the_caller_and_queue_nothing(engine):
                 await llm.add_request([], greedy(4))
             with pytest.raises(ValueError, match="integer token ids"):
                 await llm.add_request([1, "two"], greedy(4))
+            with pytest.raises(ValueError, match="not valid Unicode"):
+                await llm.add_request("a \ud800 b", greedy(4))
             with pytest.raises(TypeError, match="SamplingParams"):
                 await llm.add_request("hi", {"max_tokens": 4})
             assert not engine.has_unfinished_requests()

@@ -41,7 +41,7 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.entrypoints.metrics import ServerMetrics
 from minivllm.model.loader import load_tokenizer
 from minivllm.outputs import CompletionOutput, RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, is_valid_unicode
 
 STATS_WINDOW = 10_000  # steps (and finished requests) the engine keeps in detail when serving
 
@@ -254,6 +254,8 @@ class AsyncLLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this server has no tokenizer: send token ids")
+            if not is_valid_unicode(prompt):
+                raise ValueError("the prompt is not valid Unicode (it has a lone surrogate)")
             return prompt, list(self.tokenizer(prompt).input_ids)
         ids = list(prompt)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
