@@ -276,3 +276,20 @@ def test_keyboard_interrupt_in_a_step_leaves_nothing_behind(llm, reference):
         runner.execute = real
     assert_idle_and_empty(llm)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+
+
+# --- tenants -------------------------------------------------------------------------------------
+def test_a_prompt_dicts_cache_salt_partitions_the_prefix_cache(llm):
+    secret = "The vault code is 4417 and the spare key is under the third flower pot by the door."
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+
+    def cached(prompt) -> int:
+        return llm.generate([prompt], greedy, use_tqdm=False)[0].num_cached_tokens
+
+    assert cached({"prompt": secret, "cache_salt": "tenant-a"}) == 0
+    assert cached({"prompt": secret, "cache_salt": "tenant-a"}) > 0
+    assert cached(secret) == 0
+    assert cached({"prompt": secret, "cache_salt": "tenant-b"}) == 0
+    with pytest.raises(TypeError, match="cache_salt must be a string"):
+        llm.generate([{"prompt": "x"}, {"prompt": secret, "cache_salt": 7}], greedy, use_tqdm=False)
+    assert_idle_and_empty(llm)

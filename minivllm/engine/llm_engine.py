@@ -287,6 +287,11 @@ class LLMEngine:
                     f"{vocab} tokens, so no token may be generated before min_tokens"
                 )
 
+    @staticmethod
+    def check_cache_salt(cache_salt) -> None:
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+
     def add_request(
         self,
         request_id: str | None,
@@ -296,16 +301,19 @@ class LLMEngine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id. Raises before anything is queued."""
+        """Validate and queue a request; returns its id. Raises before anything is queued.
+        ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps this request's
+        prefix-cache blocks apart from those of requests with another salt or none."""
         params = SamplingParams() if params is None else params
         self.check_params(params)
+        if isinstance(prompt, dict) and cache_salt is None:
+            cache_salt = prompt.get("cache_salt")
         check_int("priority", priority)
         if arrival_time is not None and (
             not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
         ):
             raise ValueError(f"arrival_time must be a finite number of seconds, got {short_repr(arrival_time)}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        self.check_cache_salt(cache_salt)
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
         request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
