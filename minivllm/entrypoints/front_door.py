@@ -88,7 +88,7 @@ async def read_body(http: Request, options: DoorOptions) -> bytes:
 
     try:
         return await asyncio.wait_for(receive(), options.read_timeout)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         raise RefusedAtTheDoor(
             408, f"the request body did not arrive within {options.read_timeout:g} s", "request_timeout"
         ) from None

@@ -88,7 +88,7 @@ class GracefulServer(uvicorn.Server):
             abort_later.cancel()
 
     async def _abort_after_grace(self) -> None:
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._hurry.wait(), self.grace)
         await self.llm.abort_all()
 
