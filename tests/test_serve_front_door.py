@@ -223,7 +223,7 @@ def test_a_client_that_sends_half_a_body_is_timed_out(server):
             b"Content-Length: 1000\r\n\r\n")
     received, seconds = raw_request(server, head + b'{"prompt": "x", ')
     assert received.startswith(b"HTTP/1.1 408"), received[:200]
-    assert b"request_timeout" in received
+    assert b"request_timeout" in received and b"connection: close" in received.lower()
     assert seconds < READ_TIMEOUT + 10
 
 

@@ -252,8 +252,9 @@ class OpenAIServer:
             work = asyncio.get_running_loop().run_in_executor(self._worker, self.prepare, raw, kind)
             req, texts, prompts, params = await work
             streams = await self.start_requests(prompts, params, head.id, req)
-        except RefusedAtTheDoor as error:
-            return _error(error.status, str(error), "invalid_request_error", None, error.code)
+        except RefusedAtTheDoor as error:  # the rest of the body is unread: the connection is done
+            return _error(error.status, str(error), "invalid_request_error", None, error.code,
+                          headers={"Connection": "close"})
         except ClientDisconnect:
             return Response(status_code=499)
         except LookupError as error:
