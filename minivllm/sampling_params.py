@@ -151,7 +151,7 @@ class SamplingParams:
 
     def _validate_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"a request may have at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+            raise ValueError(f"stop may have at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for i, s in enumerate(self.stop):
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got stop[{i}]={short_repr(s)}")

@@ -74,7 +74,7 @@ INT64_MAX = 2**63 - 1
     (dict(stop_token_ids=[3, 2**63]), rf"stop_token_ids\[1\] must be at most {INT64_MAX}"),
     (dict(n=MAX_N + 1), rf"n must be in \[1, {MAX_N}\]"),
     (dict(temperature=1e39), r"temperature must be at most 3.4\d*e\+38"),
-    (dict(stop=["x"] * (MAX_STOP_STRINGS + 1)), rf"at most {MAX_STOP_STRINGS} stop strings"),
+    (dict(stop=["x"] * (MAX_STOP_STRINGS + 1)), rf"stop may have at most {MAX_STOP_STRINGS} strings, got {MAX_STOP_STRINGS + 1}"),
     (dict(stop=["fine", "a\ud800b"]), r"stop string 1 is not valid Unicode"),
 ])
 def test_values_beyond_the_type_are_refused(kwargs, message):

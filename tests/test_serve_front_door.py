@@ -96,15 +96,16 @@ def test_a_value_beyond_int64_or_the_vocabulary_is_a_400_and_the_other_streams_g
                     {"prompt": "x", "top_k": 2**63, "max_tokens": 4},
                     {"prompt": "x", "top_k": 10**6, "max_tokens": 4},
                     {"prompt": "x", "stop_token_ids": [3] * 5000, "max_tokens": 4},
+                    {"prompt": "x", "stop": ["s"] * 65, "max_tokens": 4},
                 )]
 
             return (await asyncio.gather(*(one(i) for i in range(len(PROMPTS))), attacker()))[-1]
 
     refused = asyncio.run(streams())
     assert [got[i] for i in range(len(PROMPTS))] == want
-    assert [r.status_code for r in refused] == [400, 400, 400]
+    assert [r.status_code for r in refused] == [400, 400, 400, 400]
     errors = [error_of(r) for r in refused]
-    assert [e["param"] for e in errors] == ["top_k", "top_k", "stop_token_ids"]
+    assert [e["param"] for e in errors] == ["top_k", "top_k", "stop_token_ids", "stop"]
     assert "int64" in errors[0]["message"] and "vocabulary" in errors[1]["message"]
     wait_idle(server)
 

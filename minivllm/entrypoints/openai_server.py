@@ -10,8 +10,9 @@ Each HTTP request becomes one engine request per prompt. With ``"stream": true``
 a stream of server-sent events (``data: {chunk}``, then ``data: [DONE]``) carrying the new text
 of every step; otherwise one JSON body when all choices are done. Errors use OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``: 400 for anything the client got wrong
-(malformed JSON, bad or unsupported parameters, prompts too long), 404 for an unknown model,
-503 when the waiting queue is full or the server is shutting down, 500 if the engine fails.
+(malformed JSON, bad or unsupported parameters, prompts too long), 401 without the API key,
+404 for an unknown model, 408 / 413 for a body too slow / too large (``front_door.py``), 503
+when the waiting queue is full or the server is shutting down, 500 if the engine fails.
 A client that disconnects aborts its requests, so their KV blocks are freed at once.
 """
 
@@ -55,9 +56,6 @@ BODIES: dict[Kind, type[api._SamplingFields]] = {"completion": api.CompletionReq
 
 class _ClientGone(Exception):
     """The client closed the connection before its (non-streaming) response was ready."""
-
-
-_error = error_response
 
 
 class OpenAIServer:
@@ -253,20 +251,20 @@ class OpenAIServer:
             req, texts, prompts, params = await work
             streams = await self.start_requests(prompts, params, head.id, req)
         except RefusedAtTheDoor as error:  # the rest of the body is unread: the connection is done
-            return _error(error.status, str(error), "invalid_request_error", None, error.code,
+            return error_response(error.status, str(error), "invalid_request_error", None, error.code,
                           headers={"Connection": "close"})
         except ClientDisconnect:
             return Response(status_code=499)
         except LookupError as error:
-            return _error(404, str(error), "invalid_request_error", "model", "model_not_found")
+            return error_response(404, str(error), "invalid_request_error", "model", "model_not_found")
         except api.InvalidRequestError as error:
-            return _error(400, str(error), "invalid_request_error", error.param)
+            return error_response(400, str(error), "invalid_request_error", error.param)
         except (ValueError, TypeError) as error:  # the engine's own validation names the field first
-            return _error(400, str(error), "invalid_request_error", api.param_named_in(str(error), BODIES[kind]))
+            return error_response(400, str(error), "invalid_request_error", api.param_named_in(str(error), BODIES[kind]))
         except QueueFullError as error:
-            return _error(503, str(error), "server_overloaded", None, "queue_full")
+            return error_response(503, str(error), "server_overloaded", None, "queue_full")
         except EngineDeadError as error:
-            return _error(503, str(error), "server_error", None, "engine_unavailable")
+            return error_response(503, str(error), "server_error", None, "engine_unavailable")
         echo = bool(getattr(req, "echo", False))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -279,9 +277,9 @@ class OpenAIServer:
         except _ClientGone:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         except RequestFailedError as error:
-            return _error(500, str(error), "server_error", None)
+            return error_response(500, str(error), "server_error", None)
         except EngineDeadError as error:
-            return _error(503, str(error), "server_error", None, "engine_unavailable")
+            return error_response(503, str(error), "server_error", None, "engine_unavailable")
         return JSONResponse(self.full_response(kind, head, texts, outputs, echo, req.num_logprobs()))
 
     def models(self) -> dict:
@@ -352,11 +350,11 @@ def build_app(llm: AsyncLLM, model_name: str, door: DoorOptions | None = None) -
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, str(exc.detail), kind)
+        return error_response(exc.status_code, str(exc.detail), kind)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal server error: {type(exc).__name__}: {short_repr(str(exc), 200)}", "server_error")
+        return error_response(500, f"internal server error: {type(exc).__name__}: {short_repr(str(exc), 200)}", "server_error")
 
     @app.post("/v1/completions")
     async def completions(http: Request) -> Response:
@@ -374,7 +372,7 @@ def build_app(llm: AsyncLLM, model_name: str, door: DoorOptions | None = None) -
     async def health() -> Response:
         if llm.is_running:
             return Response(status_code=200)
-        return _error(503, "the engine loop is not running", "server_error")
+        return error_response(503, "the engine loop is not running", "server_error")
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
