@@ -184,6 +184,26 @@ def test_big_bodies_are_refused_while_a_stream_keeps_flowing(server):
     wait_idle(server)
 
 
+def test_tokenizing_and_templating_run_off_the_event_loop(server, monkeypatch):
+    llm = server.llm
+    threads: list[str] = []
+
+    def recorded(fn):  # calls on text (AsyncLLM.tokenize passes token ids through untouched)
+        def wrapper(first, *args, **kwargs):
+            if not isinstance(first, list) or first and isinstance(first[0], dict):
+                threads.append(threading.current_thread().name)
+            return fn(first, *args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(llm, "tokenize", recorded(llm.tokenize))
+    monkeypatch.setattr(llm.tokenizer, "apply_chat_template", recorded(llm.tokenizer.apply_chat_template))
+    assert post(server, "completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+    assert post(server, "chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                             "max_tokens": 1}).status_code == 200
+    prepare = [name for name in threads if name.startswith("minivllm-prepare")]
+    assert len(prepare) >= 2 and "minivllm-http" not in threads, threads
+
+
 def test_validation_messages_quote_a_short_piece_of_the_input(server):
     resp = post(server, "completions", {"prompt": "x", "max_tokens": "y" * 100_000})
     assert resp.status_code == 400 and error_of(resp)["param"] == "max_tokens"
