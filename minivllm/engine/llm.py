@@ -69,7 +69,9 @@ class LLM:
             engine.check_params(sp)
             text, ids = engine.tokenize(p)
             engine.check_prompt(ids)
-            checked.append(({"prompt": text, "prompt_token_ids": ids}, sp, pr))
+            salt = p.get("cache_salt") if isinstance(p, dict) else None
+            engine.check_cache_salt(salt)
+            checked.append(({"prompt": text, "prompt_token_ids": ids, "cache_salt": salt}, sp, pr))
         with self._lock:
             ids = []
             try:

@@ -33,7 +33,7 @@ from minivllm.metrics import EngineStats
 from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
 from minivllm.outputs import RequestOutput
 from minivllm.request import Request
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, short_repr
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
 SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see LLMEngine._set_cpu_threads)
@@ -217,7 +217,8 @@ class LLMEngine:
                 return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
-            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+            keys = short_repr(sorted(map(str, prompt)))
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {keys}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): pass token ids")
@@ -240,7 +241,7 @@ class LLMEngine:
             raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
         bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)
         if bad is not None:
-            raise TypeError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__})")
+            raise TypeError(f"prompt token ids must be integers, got {short_repr(bad)} ({type(bad).__name__})")
         return list(ids)
 
     def check_prompt(self, ids: list[int]) -> None:
@@ -258,14 +259,38 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
 
     def check_params(self, params: SamplingParams) -> None:
+        """What ``SamplingParams`` cannot check alone: the limits of this model (its
+        vocabulary) and of this engine (a tokenizer for stop strings)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (this engine has skip_tokenizer_init=True)")
         vocab = self.model_config.vocab_size
-        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        for name in ("top_k", "logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab:
+                raise ValueError(f"{name} must be at most {vocab} (the vocabulary size), got {name}={value}")
+        stop_ids = params.stop_token_ids
+        if len(stop_ids) > vocab:
+            raise ValueError(
+                f"stop_token_ids has {len(stop_ids)} entries but the vocabulary has {vocab} tokens"
+            )
+        bad = next((t for t in stop_ids if t >= vocab), None)
         if bad is not None:
-            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"stop_token_ids has {bad}, which is outside the vocabulary [0, {vocab})")
+        if params.min_tokens and len(stop_ids) >= vocab - len(self.eos_token_ids):
+            stops = set(stop_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+            if len(stops) >= vocab:
+                with_eos = "" if params.ignore_eos else "with EOS, "
+                raise ValueError(
+                    f"min_tokens={params.min_tokens} cannot be met: {with_eos}stop_token_ids cover all "
+                    f"{vocab} tokens, so no token may be generated before min_tokens"
+                )
+
+    @staticmethod
+    def check_cache_salt(cache_salt) -> None:
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
 
     def add_request(
         self,
@@ -276,34 +301,58 @@ class LLMEngine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id. Raises before anything is queued."""
+        """Validate and queue a request; returns its id. Raises before anything is queued.
+        ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps this request's
+        prefix-cache blocks apart from those of requests with another salt or none."""
         params = SamplingParams() if params is None else params
         self.check_params(params)
+        if isinstance(prompt, dict) and cache_salt is None:
+            cache_salt = prompt.get("cache_salt")
         check_int("priority", priority)
         if arrival_time is not None and (
             not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
         ):
-            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {short_repr(arrival_time)}")
+        self.check_cache_salt(cache_salt)
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.output_processor.families or request_id in self.scheduler.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
+        child_ids = sample_ids(request_id, params.n)
+        self._check_ids_free(request_id, child_ids)
         now = time.perf_counter() if arrival_time is None else arrival_time
-        if params.n == 1:
-            samples = [(request_id, params)]
-        else:
-            samples = [(f"{request_id}#{i}", params.for_sample(i)) for i in range(params.n)]
+        child_params = [params] if params.n == 1 else [params.for_sample(i) for i in range(params.n)]
         children = [
             Request(rid, ids, sp, arrival_time=now, priority=priority,
                     eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, prompt=text)
-            for rid, sp in samples
+            for rid, sp in zip(child_ids, child_params, strict=True)
         ]
         self.core.add_request(children[0], children[1:])
         self.output_processor.add_request(request_id, text, children)
         return request_id
+
+    def _in_use(self, request_id: str) -> bool:
+        """A user request's id, or the id of one of its samples, while it is unfinished."""
+        op = self.output_processor
+        return request_id in op.families or request_id in op.children or request_id in self.scheduler.requests
+
+    def _new_request_id(self, n: int) -> str:
+        while True:  # skip the ids callers chose themselves
+            request_id = str(next(self._ids))
+            if not any(map(self._in_use, {request_id, *sample_ids(request_id, n)})):
+                return request_id
+
+    def _check_ids_free(self, request_id: str, child_ids: list[str]) -> None:
+        """The user's id and its samples' ids (``id#0``, ``id#1``, ... when ``n > 1``) must not
+        name a request or a sample in flight: two states under one id would mix their outputs
+        and leave one caller waiting forever."""
+        if self._in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        clash = next((cid for cid in child_ids if cid != request_id and self._in_use(cid)), None)
+        if clash is not None:
+            raise ValueError(
+                f"request_id {request_id!r} names its {len(child_ids)} samples {child_ids[0]!r}..."
+                f"{child_ids[-1]!r}, but {clash!r} is already in use"
+            )
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
         """End requests now (``finish_reason="abort"``), free their blocks, and return their
@@ -324,7 +373,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; a :class:`RequestOutput` for every request that got a token or
         ended (a request that failed ends with ``finish_reason="error"``)."""
-        return self.output_processor.process(self.core.step())
+        try:
+            core_out = self.core.step()
+        except BaseException:  # Ctrl-C: the core ended the step's requests; forget them here too
+            self.output_processor.forget_finished()
+            raise
+        return self.output_processor.process(core_out)
 
     def check_invariants(self) -> None:
         self.core.check_invariants()
@@ -335,6 +389,11 @@ class LLMEngine:
     def reset_stats(self) -> None:
         """Start the statistics afresh (e.g. after a warm-up run)."""
         self.core.reset_stats()
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The engine-level ids of a user request's ``n`` samples: the id itself when ``n == 1``."""
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
 
 
 def _available_host_memory() -> int | None:
