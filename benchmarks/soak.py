@@ -5,6 +5,12 @@ enough never to preempt; every bad request must be refused at the door or end wi
 aborted requests end with ``finish_reason="abort"``; afterwards no KV block and no per-request
 entry remains. Greedy and seeded sampling only, so that tokens are comparable run to run.
 
+The bad requests cover the whole range of each field's type (NaN, ``2**63``, values past the
+vocabulary, 65 stop strings, lone surrogates...), requests whose rows the "model" poisons with
+NaN, and requests whose sampling raises (a fault only their row causes). "edge" requests use the
+largest and smallest values the checks allow (a 1e-40 temperature, ``top_k`` = the vocabulary,
+the largest seed, 64 stop strings) and count as good: their tokens are compared too.
+
     python benchmarks/soak.py [--requests 1000] [--seed 0] [--policy fcfs|priority|both]
 
 The suite runs a small version (``tests/test_soak.py``).
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.sampler import Sampler
+from minivllm.sampling_params import MAX_N, MAX_STOP_STRINGS
 
 WORDS = "the fox ran to a big old tree and saw one little bird who sang all day".split()
 
@@ -30,7 +37,7 @@ class Item:
     prompt: list[int] | str
     params: SamplingParams | dict  # a dict: arguments that SamplingParams must refuse
     priority: int
-    kind: str  # "good", "bad_params", "bad_prompt", "poisoned", "abort", "stream" (abandoned)
+    kind: str  # "good", "edge", "bad_params", "bad_prompt", "poisoned", "faulty", "abort", "stream"
 
 
 def make_plan(n: int, seed: int, vocab: int) -> list[Item]:
@@ -49,26 +56,53 @@ def make_plan(n: int, seed: int, vocab: int) -> list[Item]:
             seed=rng.randrange(2**32) if sampled else None,
             stop=[rng.choice(WORDS)] if rng.random() < 0.2 else None,
         )
-        kind = rng.choices(["good", "bad_params", "bad_prompt", "poisoned", "abort", "stream"],
-                           weights=[80, 3, 3, 2, 8, 4])[0]
+        kind = rng.choices(["good", "edge", "bad_params", "bad_prompt", "poisoned", "faulty", "abort", "stream"],
+                           weights=[74, 4, 5, 3, 2, 2, 7, 3])[0]
+        if kind == "edge":
+            params = SamplingParams(**{**params.__dict__, **rng.choice(edge_params(vocab))})
         if kind == "bad_params":
-            params = rng.choice([{"temperature": float("nan")}, {"seed": "abc"}, {"seed": 2**70},
-                                 {"max_tokens": 1.5}, {"top_p": 0.0}])
+            params = rng.choice(bad_params(vocab))
         if kind == "bad_prompt":
             prompt = rng.choice([[vocab + 5], [], list(range(8, 8 + 10_000))])
         items.append(Item(f"r{i}", prompt, params, rng.randrange(3), kind))
     return items
 
 
-class PoisonRows(Sampler):
-    """NaN logits for the poisoned requests' rows (a numerically broken model, for them only)."""
+def bad_params(vocab: int) -> list[dict]:
+    """Arguments that ``SamplingParams`` or the engine must refuse: each one once passed the
+    door and failed every request of its step, or would have."""
+    return [
+        {"temperature": float("nan")}, {"seed": "abc"}, {"seed": 2**70}, {"max_tokens": 1.5}, {"top_p": 0.0},
+        {"top_k": 2**63, "temperature": 1.0}, {"top_k": vocab + 1, "temperature": 1.0},
+        {"logprobs": vocab + 5}, {"prompt_logprobs": vocab + 5}, {"logprobs": 2**63},
+        {"temperature": 1e39}, {"n": MAX_N + 1}, {"stop": ["x"] * (MAX_STOP_STRINGS + 1)},
+        {"stop": ["a\ud800"]}, {"stop_token_ids": [vocab]}, {"stop_token_ids": [3] * (vocab + 1)},
+        {"min_tokens": 1, "stop_token_ids": list(range(vocab))},
+    ]
 
-    def __init__(self, inner: Sampler, poisoned: set[tuple[int, ...]]):
+
+def edge_params(vocab: int) -> list[dict]:
+    """The extremes the checks accept, served like any request."""
+    return [
+        {"temperature": 1e-40}, {"temperature": 5e-324, "seed": 2**64 - 1},
+        {"top_k": vocab, "temperature": 0.8, "seed": 2**64 - 1}, {"top_p": 5e-324, "temperature": 1.0, "seed": 1},
+        {"stop": [f"never{i}" for i in range(MAX_STOP_STRINGS)]}, {"logprobs": vocab}, {"prompt_logprobs": 50},
+    ]
+
+
+class PoisonRows(Sampler):
+    """NaN logits for the poisoned requests' rows (a numerically broken model, for them only),
+    and an exception whenever a faulty request's row is sampled (a fault only that row causes:
+    the model runner must attribute it to that row and spare the others)."""
+
+    def __init__(self, inner: Sampler, poisoned: set[tuple[int, ...]], faulty: set[tuple[int, ...]]):
         super().__init__()
-        self.inner, self.poisoned = inner, poisoned
+        self.inner, self.poisoned, self.faulty = inner, poisoned, faulty
 
     def __call__(self, logits, requests):
         for i, r in enumerate(requests):
+            if tuple(r.prompt_token_ids) in self.faulty:
+                raise RuntimeError("simulated sampling fault")
             if tuple(r.prompt_token_ids) in self.poisoned:
                 logits[i, 0] = float("nan")
         return self.inner(logits, requests)
@@ -88,8 +122,10 @@ def serve(llm: LLM, plan: list[Item], seed: int) -> tuple[dict[str, list], dict[
     rng = random.Random(seed + 1)
     engine = llm.engine
     poisoned = {tuple(it.prompt) for it in plan if it.kind == "poisoned"}
-    engine.runner.sampler = PoisonRows(engine.runner.sampler, poisoned)
-    counts = dict(refused=0, finished=0, aborted=0, failed=0, abandoned=0)  # abandoned: of the aborted
+    faulty = {tuple(it.prompt) for it in plan if it.kind == "faulty"}
+    engine.runner.sampler = PoisonRows(engine.runner.sampler, poisoned, faulty)
+    # abandoned: of the aborted; bad_accepted: bad requests that got past the door (must be 0)
+    counts = dict(refused=0, bad_accepted=0, finished=0, aborted=0, failed=0, abandoned=0)
     results: dict[str, list] = {}
     abort_at: dict[str, int] = {}  # request id -> step at which to abort it
     step = 0
@@ -113,6 +149,7 @@ def serve(llm: LLM, plan: list[Item], seed: int) -> tuple[dict[str, list], dict[
         except (ValueError, TypeError):
             counts["refused"] += 1
             continue
+        counts["bad_accepted"] += it.kind in ("bad_params", "bad_prompt")
         if it.kind == "abort":
             abort_at[it.rid] = step + rng.randint(0, 3)
         elif it.kind == "stream":
@@ -160,11 +197,11 @@ def soak(num_requests: int, seed: int, policy: str, verbose: bool = True) -> dic
     elapsed = time.perf_counter() - t0
     # the same good requests, alone on a pool that never preempts
     big = LLM(num_kv_blocks=4096, enable_prefix_caching=False, **common)
-    good = [it for it in plan if it.kind == "good"]
+    good = [it for it in plan if it.kind in ("good", "edge")]
     want = big.generate([it.prompt for it in good], [it.params for it in good], use_tqdm=False)
     mismatched = [it.rid for it, w in zip(good, want, strict=True)
                   if [t for _, t in results.get(it.rid, [])] != [c.token_ids for c in w.outputs]]
-    poisoned_ok = all(results[it.rid][0][0] == "error" for it in plan if it.kind == "poisoned")
+    poisoned_ok = all(results[it.rid][0][0] == "error" for it in plan if it.kind in ("poisoned", "faulty"))
     stats = small.stats().summary()
     report = dict(
         requests=num_requests, good=len(good), mismatched=len(mismatched), **counts,
@@ -192,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for policy in ("fcfs", "priority") if args.policy == "both" else (args.policy,):
         r = soak(args.requests, args.seed, policy)
-        ok &= r["mismatched"] == 0 and r["kv_blocks_left"] == 0 and r["entries_left"] == 0
+        ok &= r["mismatched"] == 0 and r["kv_blocks_left"] == 0 and r["entries_left"] == 0 and not r["bad_accepted"]
         ok &= bool(r["poisoned_failed"]) and r["preemptions"] > 0
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

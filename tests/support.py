@@ -16,6 +16,24 @@ import minivllm
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def per_request_entries(llm) -> int:
+    """Everything an ``LLM`` and its engine keep per request (statistics' bounded window aside)."""
+    e = llm.engine
+    return (
+        len(e.output_processor.families) + len(e.output_processor.children)
+        + len(e.scheduler.requests) + sum(len(k) for k in e.core._pending_forks.values())
+        + len(llm._inboxes)
+    )
+
+
+def assert_idle_and_empty(llm) -> None:
+    """No request left, every KV block free, the KV manager's invariants hold."""
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.kv.num_used_blocks == 0
+    assert per_request_entries(llm) == 0
+    llm.engine.check_invariants()
+
+
 def tiny_vocab_size() -> int:
     from tokenizers import Tokenizer
 

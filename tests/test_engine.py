@@ -175,7 +175,7 @@ def test_bad_requests_are_rejected_before_queueing_and_others_keep_running():
         (dict(temperature=-0.5), "temperature must be >= 0, got temperature=-0.5"),
         (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got top_p=0.0"),
         (dict(max_tokens=0), "max_tokens must be >= 1, got max_tokens=0"),
-        (dict(n=0), "n must be >= 1, got n=0"),
+        (dict(n=0), "n must be in \\[1, 4096\\], got n=0"),
         (dict(min_tokens=5, max_tokens=2), "min_tokens=5 must not exceed max_tokens=2"),
     ],
 )

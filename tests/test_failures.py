@@ -15,10 +15,12 @@ import sys
 import threading
 
 import pytest
+from support import assert_idle_and_empty
 
 import minivllm
 from minivllm import LLM, BeamSearchParams, SamplingParams
 from minivllm.engine.sampler import Sampler
+from minivllm.sampling_params import MAX_N
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 PROMPTS = ["Once upon a time", "The little fox", "Tom went to the", "A bird sat on a branch"]
@@ -32,23 +34,6 @@ def llm():
 @pytest.fixture(scope="module")
 def reference(llm):
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-
-
-def per_request_entries(llm: LLM) -> int:
-    """Everything the engine keeps per request (statistics' bounded window aside)."""
-    e = llm.engine
-    return (
-        len(e.output_processor.families) + len(e.output_processor.children)
-        + len(e.scheduler.requests) + sum(len(k) for k in e.core._pending_forks.values())
-        + len(llm._inboxes)
-    )
-
-
-def assert_idle_and_empty(llm: LLM) -> None:
-    assert not llm.engine.has_unfinished_requests()
-    assert llm.engine.kv.num_used_blocks == 0
-    assert per_request_entries(llm) == 0
-    llm.engine.check_invariants()
 
 
 # --- validated at the door: a clear error, nothing queued -----------------------------------
@@ -240,10 +225,10 @@ def test_a_stream_and_generate_interleaved_each_get_their_own_outputs(llm, refer
 
 def test_abort_returns_final_outputs_and_forgets_everything(llm):
     e = llm.engine
-    rid = e.add_request(None, "Once upon a time", SamplingParams(n=10_000, seed=3, max_tokens=4))
+    rid = e.add_request(None, "Once upon a time", SamplingParams(n=MAX_N, seed=3, max_tokens=4))
     e.step()
     outs = llm.abort(rid)
-    assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs) == 10_000
+    assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs) == MAX_N
     assert {c.finish_reason for c in outs[0].outputs} == {"abort"}
     assert_idle_and_empty(llm)
 

@@ -9,6 +9,7 @@ command in a subprocess and sends it SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -462,13 +463,14 @@ def test_shutdown_drains_then_aborts_running_streams():
         httpx.get(srv.url + "/health", timeout=5)
 
 
-@pytest.mark.slow
-def test_sigterm_stops_accepting_ends_streams_and_exits_0():
+@contextlib.contextmanager
+def serve_process(*args: str):
+    """``minivllm serve`` in a subprocess on a free port: yields ``(process, url)`` once healthy."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--shutdown-timeout", "2",
-         "--max-num-seqs", "4", "--log-level", "warning"],
+        [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--max-num-seqs", "4",
+         "--log-level", "warning", *args],
         env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -480,6 +482,15 @@ def test_sigterm_stops_accepting_ends_streams_and_exits_0():
                 return False
 
         wait_until(healthy, timeout=120, what="the server to start")
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_accepting_ends_streams_and_exits_0():
+    with serve_process("--shutdown-timeout", "2") as (proc, url):
         events: list[str] = []
         first = threading.Event()
         reader = threading.Thread(target=read_sse, args=(url, LONG_STREAM, events, first))
@@ -491,12 +502,31 @@ def test_sigterm_stops_accepting_ends_streams_and_exits_0():
             httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
         reader.join(60)
         assert proc.wait(60) == 0, proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     # On a CPU the 2000 tokens take far longer than the 2 s grace: the stream is aborted.
     assert last["choices"][0]["finish_reason"] in ("abort", "length")
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
     assert re.search(r"\w", text)
+
+
+@pytest.mark.slow
+def test_a_second_signal_aborts_at_once_ends_streams_with_done_and_exits_non_zero():
+    """SIGTERM starts a 120 s drain; Ctrl-C during it means "now": the stream still ends with
+    an abort chunk and [DONE] (uvicorn's own second Ctrl-C cut it mid-stream, and the process
+    exited 0 as if nothing had happened), and the status says a signal ended it (128 + 2)."""
+    with serve_process("--shutdown-timeout", "120") as (proc, url):
+        events: list[str] = []
+        first = threading.Event()
+        reader = threading.Thread(target=read_sse, args=(url, {**LONG_STREAM, "max_tokens": 2040}, events, first))
+        reader.start()
+        assert first.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        reader.join(60)
+        assert proc.wait(60) == 128 + signal.SIGINT, proc.stdout.read()
+        assert time.monotonic() - signalled < 60, "the second signal must not wait for the drain"
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"

@@ -94,6 +94,8 @@ def test_validation_errors_reach_the_caller_and_queue_nothing(engine):
                 await llm.add_request("a lone surrogate \ud800", greedy(4))
             with pytest.raises(TypeError, match="not bytes"):
                 await llm.add_request(b"hi", greedy(4))
+            with pytest.raises(TypeError, match="cache_salt must be a string"):
+                await llm.add_request("hi", greedy(4), cache_salt=7)
             with pytest.raises(TypeError, match="SamplingParams"):
                 await llm.add_request("hi", {"max_tokens": 4})
             assert not engine.has_unfinished_requests()
@@ -101,6 +103,32 @@ def test_validation_errors_reach_the_caller_and_queue_nothing(engine):
             with pytest.raises(ValueError, match="'same' is already in use"):
                 await llm.add_request("hello", greedy(4), request_id="same")
             await first.aclose()
+            await wait_idle(llm)
+        finally:
+            await llm.shutdown()
+
+    run(main())
+    assert_engine_clean(engine)
+
+
+def test_a_request_id_that_names_a_sample_of_another_request_is_refused(engine):
+    """``foo`` with n=2 runs as samples ``foo#0`` and ``foo#1``. Once ``foo#1`` had ended (here
+    at a stop string, after 6 tokens, while ``foo#0`` runs on), a request ``foo#1`` was
+    accepted, shared the sample's state, and its caller waited forever after ``foo`` ended."""
+    params = SamplingParams(n=2, seed=7, max_tokens=200, temperature=1.0, stop=[" dog"], ignore_eos=True)
+
+    async def main():
+        llm = AsyncLLM(engine)
+        try:
+            stream = await llm.add_request(PROMPTS[0], params, request_id="foo")
+            async for out in stream:
+                if out.outputs[1].finish_reason is not None:
+                    break
+            assert out.outputs[0].finish_reason is None, "sample 0 must still be running"
+            with pytest.raises(ValueError, match="'foo#1' is already in use"):
+                await llm.add_request(PROMPTS[1], greedy(4), request_id="foo#1")
+            rest = [o async for o in stream]
+            assert rest[-1].finished
             await wait_idle(llm)
         finally:
             await llm.shutdown()
@@ -135,7 +163,7 @@ def test_a_caller_that_leaves_aborts_its_request_and_frees_its_blocks(engine, ho
                     await task
             await wait_idle(llm)
             assert not seen[-1].finished
-            assert llm.metrics.finished.get("abort") == 1
+            assert llm.metrics.finished.get("abort") == 2  # per sequence: n=2
             assert llm.metrics.kv_usage.value == 0
         finally:
             await llm.shutdown()

@@ -196,3 +196,30 @@ def test_bad_flags_are_refused_by_the_parser(argv, capsys):
     with pytest.raises(SystemExit):
         parse(argv)
     assert "invalid" in capsys.readouterr().err
+
+
+# --- bounds checked before tokenizing -------------------------------------------------------------
+def test_the_prompt_character_bound_holds_for_any_text(tokenizer):
+    """A text of more than ``max_prompt_chars`` characters cannot fit in the context: every
+    token covers at most as many characters as the longest vocabulary entry (docs/serving.md
+    quotes the tiny model's bound)."""
+    import random
+
+    assert api.max_prompt_chars(tokenizer, 2048) == 2047 * 12 == 24_564
+    longest = api.max_prompt_chars(tokenizer, 2)  # one token: the longest vocabulary entry
+    rng = random.Random(0)
+    words = list(tokenizer.get_vocab())
+    for _ in range(50):
+        text = "".join(rng.choice([rng.choice(words), " ", "\n", "é", "🦊", "xyz"]) for _ in range(200))
+        assert len(text) <= len(tokenizer(text).input_ids) * longest, text[:80]
+
+
+def test_counts_are_checked_before_the_body_becomes_objects():
+    many = b'{"messages": [' + b",".join([b'{"role": "user", "content": "hi"}'] * 3000) + b"]}"
+    with pytest.raises(api.InvalidRequestError, match="at most 2048 messages") as info:
+        api.parse_body(many, api.ChatCompletionRequest, 2048)
+    assert info.value.param == "messages"
+    with pytest.raises(api.InvalidRequestError, match="malformed JSON"):
+        api.parse_body(b"[" * 100_000, api.CompletionRequest, 2048)
+    with pytest.raises(api.InvalidRequestError, match="the prompt has 5000 tokens"):
+        api.parse_body(b'{"prompt": [' + b",".join([b"5"] * 5000) + b"]}", api.CompletionRequest, 2048)

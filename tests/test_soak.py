@@ -23,6 +23,6 @@ def load_soak():
 def test_soak(policy):
     r = load_soak().soak(60, seed=3, policy=policy, verbose=False)
     assert r["mismatched"] == 0
-    assert r["kv_blocks_left"] == 0 and r["entries_left"] == 0
+    assert r["kv_blocks_left"] == 0 and r["entries_left"] == 0 and r["bad_accepted"] == 0
     assert r["refused"] > 0 and r["failed"] > 0 and r["aborted"] > 0 and r["poisoned_failed"]
     assert r["preemptions"] > 0 and r["prefix_hit_tokens"] > 0

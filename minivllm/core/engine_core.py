@@ -216,9 +216,21 @@ class EngineCore:
             for kid in self._pending_forks.pop(rid, []):
                 kid.status = status
                 ended.append(kid)
+        ended.extend(self._end_pending_siblings(set(ids), status))
         ended.extend(self.scheduler.finish_requests(ids, status))
         for req in ended:
             self._record_finish(req, now)
+        return ended
+
+    def _end_pending_siblings(self, ids: set[str], status: RequestStatus) -> list[Request]:
+        """Siblings named themselves (not through their leader) leave their leader's list."""
+        ended = []
+        for leader_id, kids in self._pending_forks.items():
+            if any(k.request_id in ids for k in kids):
+                ended.extend(k for k in kids if k.request_id in ids)
+                self._pending_forks[leader_id] = [k for k in kids if k.request_id not in ids]
+        for kid in ended:
+            kid.status = status
         return ended
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
@@ -312,6 +324,8 @@ class EngineCore:
             self._pending_forks.pop(leader_id, None)
             leader = self.scheduler.requests[leader_id]
             for kid in kids:
+                if kid.is_finished:  # its own row failed
+                    continue
                 self.scheduler.fork_request(leader, kid)
                 if kid.status is RequestStatus.RUNNING:  # seated: it shares the leader's prompt
                     self._forked_tokens += leader.num_computed_tokens

@@ -70,6 +70,13 @@ class _BeamSearch:
         self.k = params.beam_width
         self.eos = set(engine.eos_token_ids) if not params.ignore_eos else set()
         self.keep = 2 * self.k if self.eos else self.k
+        vocab = engine.model_config.vocab_size
+        if self.keep > vocab:
+            raise ValueError(
+                f"beam_width={self.k} ranks the {self.keep} best continuations of every beam at each "
+                f"step but the vocabulary has {vocab} tokens; beam_width may be at most "
+                f"{vocab // (self.keep // self.k)}"
+            )
         self.beam_params = SamplingParams(
             temperature=0.0, max_tokens=params.max_tokens + 1, ignore_eos=True, logprobs=self.keep,
         )
@@ -123,26 +130,51 @@ class _BeamSearch:
             and self.seats_in_use + self.k <= self.seats
         )
 
+    def step_bound(self, groups: list[_Group]) -> int:
+        """More engine steps than a search can take: a step that does not stall computes at
+        least one token, and the search computes at most every prompt plus ``beam_width`` beams
+        of ``max_tokens + 1`` tokens each (doubled for recomputation after a preemption)."""
+        work = sum(len(g.prompt_ids) + self.k * (self.params.max_tokens + 1) for g in groups)
+        return 2 * work + len(groups)
+
     def run(self, groups: list[_Group]) -> None:
+        """Step until every prompt is done. A prompt whose beam fails (its row, or the whole
+        step) or whose beams all left the engine ends with ``error``; a search that outlives
+        :meth:`step_bound` raises. Either way the loop ends."""
         queued = list(groups)
-        while not all(g.done for g in groups):
+        bound = self.step_bound(groups)
+        for _ in range(bound):
+            if all(g.done for g in groups):
+                return
             while queued and self.fits(queued[0]):
                 self.start(queued.pop(0))
-            self.core.step(self.choose_tokens)
+            core_out = self.core.step(self.choose_tokens)
+            for rid, message in core_out.failed.items():  # a beam that cannot be scored ends its prompt
+                g = self.group_of.get(rid)
+                if g is not None and not g.done:
+                    self.fail(g, message)
             for g in groups:
+                if g.beams and not g.done and all(b.is_finished for b, _ in g.beams):
+                    self.fail(g, "every beam of this prompt left the engine without a result")
                 if g.done and g.blocks_needed:
                     self.blocks_in_use -= g.blocks_needed
                     self.seats_in_use -= self.k
                     g.blocks_needed = 0
+        if not all(g.done for g in groups):
+            raise RuntimeError(f"beam search did not finish within {bound} engine steps (its step bound)")
+
+    def fail(self, g: _Group, message: str) -> None:
+        """End a prompt's search with an error: its beams are freed, its candidates dropped."""
+        ids = [b.request_id for b, _ in g.beams]
+        self.core.abort_requests(ids)
+        for rid in ids:
+            self.pending.pop(rid, None)
+        g.beams, g.done, g.error = [], True, message
 
     def choose_tokens(self, out, result) -> dict[str, int]:
-        """The step's token chooser: rank each prompt whose beams all have candidates."""
+        """The step's token chooser: rank each prompt whose beams all have candidates (a beam
+        whose row failed has none, so its prompt waits for :meth:`run` to fail it)."""
         self.pending.update(result.logprobs)
-        for rid, message in result.failed.items():  # a beam that cannot be scored ends its prompt
-            g = self.group_of.get(rid)
-            if g is not None and not g.done:
-                self.core.abort_requests([b.request_id for b, _ in g.beams])
-                g.beams, g.done, g.error = [], True, message
         tokens: dict[str, int] = {}
         for g in self.groups_ready():
             tokens.update(self.advance(g))

@@ -3,7 +3,8 @@
 Everything a caller hands the engine -- the prompt (text, token ids or a prompt dict), its
 ``SamplingParams``, a priority, an arrival time, a cache salt -- is turned into token ids and
 checked here, against what this engine can serve (``max_model_len``, the vocabulary, whether it
-has a tokenizer), with an error that names the value and the limit. ``LLMEngine.add_request``,
+has a tokenizer), with an error that names the value and the limit and stays short whatever the
+client sent (``short_repr``). ``LLMEngine.add_request``,
 ``LLM.generate`` (every prompt of a batch before any is queued), ``AsyncLLM`` (on the caller's
 side, before a request crosses to the engine's thread) and the simulator use it, so the rules
 cannot drift apart.
@@ -22,17 +23,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.config import check_int
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, is_valid_unicode, short_repr
+
+
+@dataclass(frozen=True)
+class ProcessedInputs:
+    """One request's inputs once every check passed: what the engine queues."""
+
+    prompt: str | None  # the prompt's text, if it came as text (or a dict carried it)
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None  # the argument's, else the prompt dict's ``"cache_salt"``
 
 
 @dataclass(frozen=True)
 class InputProcessor:
     """Tokenizes and checks requests for an engine of ``max_model_len`` tokens over a vocabulary
-    of ``vocab_size`` ids; ``tokenizer=None`` serves token-id prompts only."""
+    of ``vocab_size`` ids whose end-of-sequence ids are ``eos_token_ids``; ``tokenizer=None``
+    serves token-id prompts only."""
 
     max_model_len: int
     vocab_size: int
     tokenizer: Any = None
+    eos_token_ids: tuple[int, ...] = ()
 
     def with_tokenizer(self, tokenizer: Any) -> InputProcessor:
         """The same checks with another tokenizer (a copy for another thread)."""
@@ -47,21 +60,29 @@ class InputProcessor:
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
-    ) -> tuple[str | None, list[int], SamplingParams]:
-        """``(prompt text or None, prompt token ids, params)`` once every input is checked;
-        ``params=None`` means ``SamplingParams()``. Raises ``TypeError`` / ``ValueError``."""
+    ) -> ProcessedInputs:
+        """Every input checked, the prompt tokenized; ``params=None`` means ``SamplingParams()``.
+        ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps the request's
+        prefix-cache blocks apart from those of requests with another salt or none. Raises
+        ``TypeError`` / ``ValueError``."""
         params = SamplingParams() if params is None else params
         self.check_params(params)
         check_int("priority", priority)
         if arrival_time is not None and (
             not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
         ):
-            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {short_repr(arrival_time)}")
+        if isinstance(prompt, dict) and cache_salt is None:
+            cache_salt = prompt.get("cache_salt")
+        self.check_cache_salt(cache_salt)
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
-        return text, ids, params
+        return ProcessedInputs(text, ids, params, cache_salt)
+
+    @staticmethod
+    def check_cache_salt(cache_salt) -> None:
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
 
     # --- the prompt ------------------------------------------------------------------------
     def tokenize(self, prompt) -> tuple[str | None, list[int]]:
@@ -72,14 +93,13 @@ class InputProcessor:
                 return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
-            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+            keys = short_repr(sorted(map(str, prompt)))
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {keys}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): pass token ids")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise ValueError(f"the prompt is not valid Unicode text: {err}") from None
+            if not is_valid_unicode(prompt):
+                raise ValueError("the prompt is not valid Unicode (it has a lone surrogate)")
             return prompt, list(self.tokenizer(prompt).input_ids)
         if isinstance(prompt, (bytes, bytearray)):
             raise TypeError("a prompt must be a str or a list of token ids, not bytes: decode it first")
@@ -95,7 +115,7 @@ class InputProcessor:
             raise TypeError(f"prompt_token_ids must be a list of integers, got {type(ids).__name__}")
         bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)), None)
         if bad is not None:
-            raise TypeError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__})")
+            raise TypeError(f"prompt token ids must be integers, got {short_repr(bad)} ({type(bad).__name__})")
         return list(ids)
 
     def check_prompt(self, ids: list[int]) -> None:
@@ -114,13 +134,31 @@ class InputProcessor:
 
     # --- the sampling parameters -------------------------------------------------------------
     def check_params(self, params: SamplingParams) -> None:
-        """What ``SamplingParams`` cannot check alone: what this engine's vocabulary and
-        tokenizer allow."""
+        """What ``SamplingParams`` cannot check alone: the limits of this model (its
+        vocabulary) and of this engine (a tokenizer for stop strings)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (this engine has skip_tokenizer_init=True)")
         vocab = self.vocab_size
-        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        for name in ("top_k", "logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab:
+                raise ValueError(f"{name} must be at most {vocab} (the vocabulary size), got {name}={value}")
+        stop_ids = params.stop_token_ids
+        if len(stop_ids) > vocab:
+            raise ValueError(
+                f"stop_token_ids has {len(stop_ids)} entries but the vocabulary has {vocab} tokens"
+            )
+        bad = next((t for t in stop_ids if t >= vocab), None)
         if bad is not None:
-            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"stop_token_ids has {bad}, which is outside the vocabulary [0, {vocab})")
+        eos = self.eos_token_ids
+        if params.min_tokens and len(stop_ids) >= vocab - len(eos):
+            stops = set(stop_ids) | (set() if params.ignore_eos else set(eos))
+            if len(stops) >= vocab:
+                with_eos = "" if params.ignore_eos else "with EOS, "
+                raise ValueError(
+                    f"min_tokens={params.min_tokens} cannot be met: {with_eos}stop_token_ids cover all "
+                    f"{vocab} tokens, so no token may be generated before min_tokens"
+                )

@@ -65,8 +65,10 @@ class LLM:
         engine = self.engine
         checked = []
         for p, sp, pr in zip(prompts, params, prios, strict=True):
-            text, ids, sp = engine.input_processor.process(p, sp, priority=pr)
-            checked.append(({"prompt": text, "prompt_token_ids": ids}, sp, pr))
+            inputs = engine.input_processor.process(p, sp, priority=pr)
+            prompt = {"prompt": inputs.prompt, "prompt_token_ids": inputs.prompt_token_ids,
+                      "cache_salt": inputs.cache_salt}
+            checked.append((prompt, inputs.params, pr))
         with self._lock:
             ids = []
             try:

@@ -64,7 +64,9 @@ class LLMEngine:
         self.eos_token_ids = self._eos_ids()
         cfg = self.model_config
         self.max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
-        self.input_processor = InputProcessor(self.max_model_len, cfg.vocab_size, self.tokenizer)
+        self.input_processor = InputProcessor(
+            self.max_model_len, cfg.vocab_size, self.tokenizer, self.eos_token_ids
+        )
         self.kv_dtype = resolve_dtype(args.dtype, self.device)
         scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         kv = scheduler.kv
@@ -215,26 +217,50 @@ class LLMEngine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id. Raises before anything is queued."""
-        text, ids, params = self.input_processor.process(
+        """Validate and queue a request; returns its id. Raises before anything is queued.
+        ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps this request's
+        prefix-cache blocks apart from those of requests with another salt or none."""
+        inputs = self.input_processor.process(
             prompt, params, priority=priority, arrival_time=arrival_time, cache_salt=cache_salt
         )
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.output_processor.families or request_id in self.scheduler.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        params, text, ids = inputs.params, inputs.prompt, inputs.prompt_token_ids
+        request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
+        child_ids = sample_ids(request_id, params.n)
+        self._check_ids_free(request_id, child_ids)
         now = time.perf_counter() if arrival_time is None else arrival_time
-        if params.n == 1:
-            samples = [(request_id, params)]
-        else:
-            samples = [(f"{request_id}#{i}", params.for_sample(i)) for i in range(params.n)]
+        child_params = [params] if params.n == 1 else [params.for_sample(i) for i in range(params.n)]
         children = [
             Request(rid, ids, sp, arrival_time=now, priority=priority,
-                    eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, prompt=text)
-            for rid, sp in samples
+                    eos_token_ids=self.eos_token_ids, cache_salt=inputs.cache_salt, prompt=text)
+            for rid, sp in zip(child_ids, child_params, strict=True)
         ]
         self.core.add_request(children[0], children[1:])
         self.output_processor.add_request(request_id, text, children)
         return request_id
+
+    def _in_use(self, request_id: str) -> bool:
+        """A user request's id, or the id of one of its samples, while it is unfinished."""
+        op = self.output_processor
+        return request_id in op.families or request_id in op.children or request_id in self.scheduler.requests
+
+    def _new_request_id(self, n: int) -> str:
+        while True:  # skip the ids callers chose themselves
+            request_id = str(next(self._ids))
+            if not any(map(self._in_use, {request_id, *sample_ids(request_id, n)})):
+                return request_id
+
+    def _check_ids_free(self, request_id: str, child_ids: list[str]) -> None:
+        """The user's id and its samples' ids (``id#0``, ``id#1``, ... when ``n > 1``) must not
+        name a request or a sample in flight: two states under one id would mix their outputs
+        and leave one caller waiting forever."""
+        if self._in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        clash = next((cid for cid in child_ids if cid != request_id and self._in_use(cid)), None)
+        if clash is not None:
+            raise ValueError(
+                f"request_id {request_id!r} names its {len(child_ids)} samples {child_ids[0]!r}..."
+                f"{child_ids[-1]!r}, but {clash!r} is already in use"
+            )
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
         """End requests now (``finish_reason="abort"``), free their blocks, and return their
@@ -255,7 +281,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; a :class:`RequestOutput` for every request that got a token or
         ended (a request that failed ends with ``finish_reason="error"``)."""
-        return self.output_processor.process(self.core.step())
+        try:
+            core_out = self.core.step()
+        except BaseException:  # Ctrl-C: the core ended the step's requests; forget them here too
+            self.output_processor.forget_finished()
+            raise
+        return self.output_processor.process(core_out)
 
     def check_invariants(self) -> None:
         self.core.check_invariants()
@@ -266,6 +297,11 @@ class LLMEngine:
     def reset_stats(self) -> None:
         """Start the statistics afresh (e.g. after a warm-up run)."""
         self.core.reset_stats()
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The engine-level ids of a user request's ``n`` samples: the id itself when ``n == 1``."""
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
 
 
 def _available_host_memory() -> int | None:

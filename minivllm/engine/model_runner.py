@@ -6,6 +6,11 @@ up in the block table that the :class:`~minivllm.core.scheduler_output.Scheduler
 carries: the runner never asks the KV cache manager anything). It computes logits only for
 rows that sample (the last real token of each request whose prompt is fully computed) and for
 prompt rows whose log-probabilities were asked for, not for every prompt token.
+
+A failure after the forward pass is attributed to its row where it can be: if sampling the
+batch raises, each row is sampled alone and only the rows that still fail are reported in
+``ModelRunnerOutput.failed``; a request whose log-probabilities cannot be computed fails alone
+the same way. Only a failure nobody can attribute (the forward pass) fails the whole step.
 """
 
 from __future__ import annotations
@@ -107,28 +112,58 @@ class ModelRunner:
             if extra:
                 logits = torch.cat([logits, logits[extra_rows]])
                 sampling = sampling + extra
-        tokens, failed = self.sampler(logits, sampling)
+        tokens, failed = self._sample(logits, sampling)
+        result.logprobs.update(self._sample_logprobs(logits, sampling, tokens, failed))
         for i, req in enumerate(sampling):
             if i in failed:
                 result.failed[req.request_id] = failed[i]
-            else:
+            elif req.request_id not in result.failed:  # its prompt logprobs may have failed
                 result.sampled[req.request_id] = tokens[i]
-        self._sample_logprobs(logits, sampling, tokens, failed, result)
         return result
 
+    def _sample(self, logits: torch.Tensor, sampling: list[Request]) -> tuple[list[int], dict[int, str]]:
+        """The sampler over ``logits [N, V]``; if it raises, each row alone, so that the error
+        stays with the rows that cause it."""
+        try:
+            return self.sampler(logits, sampling)
+        except Exception as err:  # noqa: BLE001 - attributed below, row by row
+            if len(sampling) == 1:
+                return [-1], {0: _describe(err)}
+        tokens, failed = [], {}
+        for i in range(len(sampling)):
+            try:
+                row_tokens, row_failed = self.sampler(logits[i : i + 1], sampling[i : i + 1])
+            except Exception as err:  # noqa: BLE001 - this row's own failure
+                row_tokens, row_failed = [-1], {0: _describe(err)}
+            tokens.append(row_tokens[0])
+            if row_failed:
+                failed[i] = row_failed[0]
+        return tokens, failed
+
     @staticmethod
-    def _sample_logprobs(logits, sampling: list[Request], tokens, failed, result: ModelRunnerOutput) -> None:
-        want = [
-            i for i, r in enumerate(sampling)
-            if r.sampling_params.logprobs is not None and i not in failed
-        ]
+    def _sample_logprobs(logits, sampling: list[Request], tokens: list[int], failed: dict[int, str]) -> dict:
+        """Request id -> log-probabilities of its sampled token, for the rows that asked; a row
+        whose computation fails joins ``failed`` instead."""
+        out: dict = {}
+        want = [i for i, r in enumerate(sampling) if r.sampling_params.logprobs is not None and i not in failed]
+
+        def compute(rows: list[int]) -> None:
+            entries = compute_logprobs(
+                logits[rows], [tokens[i] for i in rows], [sampling[i].sampling_params.logprobs for i in rows]
+            )
+            out.update((sampling[i].request_id, e) for i, e in zip(rows, entries, strict=True))
+
         if not want:
-            return
-        entries = compute_logprobs(
-            logits[want], [tokens[i] for i in want], [sampling[i].sampling_params.logprobs for i in want]
-        )
-        for i, entry in zip(want, entries, strict=True):
-            result.logprobs[sampling[i].request_id] = entry
+            return out
+        try:
+            compute(want)
+        except Exception:  # noqa: BLE001 - attributed below, row by row
+            for i in want:
+                try:
+                    compute([i])
+                except Exception as err:  # noqa: BLE001 - this row's own failure
+                    failed[i] = _describe(err)
+        return out
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, result: ModelRunnerOutput) -> None:
         """Log-probabilities of the prompt tokens this step computes, for the requests that
@@ -141,10 +176,18 @@ class ModelRunner:
             if k is not None and start < num_prompt - 1:
                 stop = min(start + n, num_prompt - 1)  # the last prompt row predicts an output
                 targets = req.all_token_ids[start + 1 : stop + 1]
-                logits = self.model.compute_logits(hidden[row : row + stop - start])
                 entries: list = [None] if start == 0 else []
-                entries.extend(compute_logprobs(logits, targets, [k] * len(targets)))
-                result.prompt_logprobs[req.request_id] = (0 if start == 0 else start + 1, entries)
+                try:
+                    logits = self.model.compute_logits(hidden[row : row + stop - start])
+                    entries.extend(compute_logprobs(logits, targets, [k] * len(targets)))
+                except Exception as err:  # noqa: BLE001 - this request's own failure
+                    result.failed[req.request_id] = _describe(err)
+                else:
+                    result.prompt_logprobs[req.request_id] = (0 if start == 0 else start + 1, entries)
             elif k is not None and start == 0:
                 result.prompt_logprobs[req.request_id] = (0, [None])
             row += n + (pads.get(req.request_id, 0) if pads else 0)
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"

@@ -128,6 +128,12 @@ class OutputProcessor:
                 touched[state.family.request_id] = state.family
         return self._outputs(touched.values())
 
+    def forget_finished(self) -> None:
+        """Drop the families whose children have all ended without an output reaching the
+        user (a step interrupted by ``KeyboardInterrupt`` ends its requests, then re-raises)."""
+        for family in [f for f in self.families.values() if f.finished]:
+            self._forget(family)
+
     def family_child_ids(self, request_id: str) -> list[str]:
         """The core-level request ids of a user request (itself when ``n == 1``)."""
         family = self.families.get(request_id)

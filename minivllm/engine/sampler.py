@@ -1,7 +1,8 @@
 """Turn the logits of the rows that sample into token ids, each row with its own settings.
 
 Order of operations (the same as Hugging Face ``generate`` and vLLM): temperature, then
-top-k, then top-p, then a draw. Greedy rows (temperature 0) take the argmax of the raw logits.
+top-k, then top-p, then a draw. Greedy rows (``SamplingParams.greedy``: temperature 0, or below
+``GREEDY_TEMPERATURE``) take the argmax of the raw logits.
 
 Everything runs on the logits' device, for all rows at once. The draw is the *exponential
 race*: for probabilities ``p`` and independent ``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is
@@ -85,7 +86,7 @@ class Sampler:
         """Apply temperature, top-k and top-p to ``logits [N, V]`` (float32)."""
         params = [r.sampling_params for r in requests]
         dev = logits.device
-        temps = torch.tensor([p.temperature or 1.0 for p in params], dtype=logits.dtype, device=dev)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype, device=dev)
         logits = logits / temps[:, None]
         if any(p.top_k > 0 for p in params):
             logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev))
@@ -106,7 +107,7 @@ class Sampler:
                 failed[i] = "the model produced non-finite logits (NaN or inf) for this request"
             logits = logits.masked_fill(bad[:, None], 0.0)
         tokens = logits.argmax(dim=-1)
-        sampled_rows = [i for i, r in enumerate(requests) if r.sampling_params.temperature != 0.0]
+        sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
             rows = torch.tensor(sampled_rows, device=logits.device)
             sub = [requests[i] for i in sampled_rows]

@@ -67,6 +67,7 @@ class _Add:
     priority: int
     arrival_time: float  # time.perf_counter() when the caller asked
     future: asyncio.Future  # resolved with None, or failed with the engine's ValueError
+    cache_salt: str | None = None  # a tenant's prefix-cache partition
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class _Timing:
 
     arrival_time: float
     num_prompt_tokens: int
+    num_samples: int  # n: every sample is one sequence in the finish counts
     first_token_time: float | None = None
     last_token_time: float = 0.0
     tokens_seen: int = 0
@@ -253,6 +255,7 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request and return its stream. Raises before anything is queued:
         ``ValueError`` / ``TypeError`` (the engine's validation, naming the value and the
@@ -260,7 +263,8 @@ class AsyncLLM:
         arrival = time.perf_counter()
         self._check_alive()
         self.start()
-        text, ids, params = self.input_processor.process(prompt, params, priority=priority)
+        inputs = self.input_processor.process(prompt, params, priority=priority, cache_salt=cache_salt)
+        text, ids, params = inputs.prompt, inputs.prompt_token_ids, inputs.params
         request_id = f"req-{uuid.uuid4().hex}" if request_id is None else str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -268,7 +272,8 @@ class AsyncLLM:
         self._streams[request_id] = stream
         future = self._loop.create_future()
         self._commands.put(
-            _Add(request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, arrival, future)
+            _Add(request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, arrival, future,
+                 inputs.cache_salt)
         )
         try:
             await future
@@ -389,13 +394,13 @@ class AsyncLLM:
         try:
             self.engine.add_request(
                 command.request_id, command.prompt, command.params,
-                priority=command.priority, arrival_time=command.arrival_time,
+                priority=command.priority, arrival_time=command.arrival_time, cache_salt=command.cache_salt,
             )
         except (ValueError, TypeError) as error:
             self._post(_resolve, command.future, error)
             return
         num_prompt = len(command.prompt["prompt_token_ids"])
-        self._timing[command.request_id] = _Timing(command.arrival_time, num_prompt)
+        self._timing[command.request_id] = _Timing(command.arrival_time, num_prompt, command.params.n)
         self._post(_resolve, command.future, None)
 
     def _handle_abort(self, command: _Abort) -> None:
@@ -406,9 +411,7 @@ class AsyncLLM:
         final = {out.request_id: out for out in (result or []) if out.finished}
         with self.metrics.lock:
             for rid in ids:
-                timing = self._timing.pop(rid)
-                self.metrics.finished.inc(label_value="abort")
-                self.metrics.prompt_tokens.inc(timing.num_prompt_tokens)
+                self._count_ended(self._timing.pop(rid), "abort")
         if command.notify:
             self._post(self._deliver, [(rid, final.get(rid, _ABORTED)) for rid in ids])
         self._refresh_gauges()
@@ -445,9 +448,17 @@ class AsyncLLM:
         message = f"the engine failed while running this request: {type(error).__name__}: {error}"
         with self.metrics.lock:
             self.metrics.failed.inc(len(ids))
+            for timing in self._timing.values():
+                self._count_ended(timing, "error")
         self._timing.clear()
         self._post(self._deliver, [(rid, RequestFailedError(message)) for rid in ids])
         self._refresh_gauges()
+
+    def _count_ended(self, timing: _Timing, reason: str) -> None:
+        """A request that ended outside a step's outputs (aborted, or failed with its step):
+        each of its ``n`` sequences counts once, as finished ones do. Hold the metrics lock."""
+        self.metrics.finished.inc(timing.num_samples, label_value=reason)
+        self.metrics.prompt_tokens.inc(timing.num_prompt_tokens)
 
     def _record_outputs(self, outputs: list[RequestOutput], now: float) -> None:
         """Latency histograms, measured where the caller will see the tokens: right after the
@@ -506,7 +517,8 @@ class AsyncLLM:
         if ids:
             self.engine.abort_request(ids)
             with self.metrics.lock:
-                self.metrics.finished.inc(len(ids), label_value="abort")
+                for timing in self._timing.values():
+                    self._count_ended(timing, "abort")
             self._timing.clear()
             self._post(self._deliver, [(rid, _ABORTED) for rid in ids])
         self._refresh_gauges()

@@ -16,6 +16,7 @@ import typing
 
 from minivllm.config import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS, EngineArgs
 from minivllm.core.scheduler import SCHEDULING_POLICIES
+from minivllm.entrypoints.front_door import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT
 
 DEFAULT_PORT = 8000
 
@@ -70,6 +71,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting", type=int, default=None,
                         help="refuse new requests with 503 while this many wait for a seat (default: no limit)")
     parser.add_argument("--shutdown-timeout", type=float, default=20.0,
-                        help="on SIGINT/SIGTERM, seconds to let running requests finish before aborting them")
+                        help="on SIGINT/SIGTERM, seconds to let running requests finish before aborting them "
+                             "(a second signal aborts them at once and exits with 128 + the signal)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer <key>' on /v1 routes (default: the "
+                             "MINIVLLM_API_KEY environment variable; unset: no key)")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help=f"refuse larger request bodies with 413 before parsing them (default: "
+                             f"{DEFAULT_MAX_REQUEST_BYTES})")
+    parser.add_argument("--request-read-timeout", type=float, default=DEFAULT_READ_TIMEOUT,
+                        help="seconds a client may take to send a request's headers, and again its body "
+                             f"(then 408 or a closed connection; default: {DEFAULT_READ_TIMEOUT:g})")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_arguments(parser)

@@ -1,14 +1,17 @@
 """Running the server: ``minivllm serve`` in the foreground, or a server thread in this process.
 
 uvicorn serves the FastAPI app; :class:`GracefulServer` adds the shutdown a model server needs
-(drain, then abort, then exit 0), and :func:`start_in_thread` runs the same server from a
-background thread on a free port for tests, benchmarks and notebooks.
+(drain, then abort, then exit 0; a second signal aborts at once and exits non-zero), the front
+door's header deadline (``minivllm/entrypoints/front_door.py``), and :func:`start_in_thread`
+runs the same server from a background thread on a free port for tests, benchmarks and
+notebooks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -18,21 +21,41 @@ from dataclasses import dataclass
 import uvicorn
 
 from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.front_door import DoorOptions, protocol_with_header_timeout
 from minivllm.entrypoints.openai_server import build_app
 
 DEFAULT_MODEL_NAME = "minivllm-tiny"
+API_KEY_ENV = "MINIVLLM_API_KEY"  # the key from the environment keeps it out of `ps`
 
 
 class GracefulServer(uvicorn.Server):
     """uvicorn's server with the shutdown a model server needs on SIGINT/SIGTERM: stop
     accepting (new connections are refused, new requests on open connections get 503), let
     running requests finish for ``grace`` seconds, then abort the rest so that their streams
-    end cleanly with ``finish_reason="abort"``, stop the engine loop, and exit with status 0
-    (uvicorn would re-raise the signal, which makes the exit status look like a crash)."""
+    end cleanly with ``finish_reason="abort"`` and ``[DONE]``, stop the engine loop, and exit
+    with status 0 (uvicorn would re-raise the signal, which makes the exit status look like a
+    crash).
+
+    A second signal during the drain means "now": the running requests are aborted at once
+    (their streams still end with an abort chunk and ``[DONE]``, not a cut connection), and
+    the exit status is ``128 + signal`` (130 for SIGINT, 143 for SIGTERM), the shell's
+    convention for a process ended by a signal, so a supervisor can tell a forced stop from a
+    clean one. (uvicorn's own second Ctrl-C drops open connections mid-stream.)"""
 
     def __init__(self, config: uvicorn.Config, llm: AsyncLLM, grace: float):
         super().__init__(config)
         self.llm, self.grace = llm, grace
+        self.forced_by: int | None = None  # the signal that cut the drain short
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hurry: asyncio.Event | None = None
+
+    @property
+    def exit_status(self) -> int:
+        return 0 if self.forced_by is None else 128 + self.forced_by
+
+    async def serve(self, sockets=None) -> None:
+        self._loop, self._hurry = asyncio.get_running_loop(), asyncio.Event()
+        await super().serve(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -47,6 +70,15 @@ class GracefulServer(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:
+            self.should_exit = True
+            return
+        self.forced_by = sig  # a second signal: abort now
+        if self._loop is not None and self._hurry is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                self._loop.call_soon_threadsafe(self._hurry.set)
+
     async def shutdown(self, sockets=None) -> None:
         self.llm.stop_accepting()
         abort_later = asyncio.ensure_future(self._abort_after_grace())
@@ -56,27 +88,43 @@ class GracefulServer(uvicorn.Server):
             abort_later.cancel()
 
     async def _abort_after_grace(self) -> None:
-        await asyncio.sleep(self.grace)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), self.grace)
         await self.llm.abort_all()
+
+
+def uvicorn_config(app, door: DoorOptions, grace: float, **kwargs) -> uvicorn.Config:
+    """uvicorn's settings for this server: the front door's header deadline, and a backstop
+    for the graceful shutdown behind the aborts."""
+    return uvicorn.Config(
+        app, lifespan="on", http=protocol_with_header_timeout(door.read_timeout),
+        timeout_graceful_shutdown=grace + 5.0, **kwargs,
+    )
+
+
+def door_options_from(args) -> DoorOptions:
+    return DoorOptions(
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_request_bytes=args.max_request_bytes, read_timeout=args.request_read_timeout,
+    )
 
 
 def make_server(args) -> GracefulServer:
     """Load the model and build the server from parsed ``minivllm serve`` arguments."""
     from minivllm.entrypoints.cli_args import engine_args_from
 
+    door = door_options_from(args)
     llm = AsyncLLM.from_engine_args(args.model, max_waiting=args.max_waiting, **engine_args_from(args))
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
-    app = build_app(llm, name)
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-        timeout_graceful_shutdown=args.shutdown_timeout + 5.0,  # a backstop behind the aborts
-    )
+    config = uvicorn_config(build_app(llm, name, door), door, args.shutdown_timeout,
+                            host=args.host, port=args.port, log_level=args.log_level)
     return GracefulServer(config, llm, grace=args.shutdown_timeout)
 
 
 def run_server(args) -> int:
-    make_server(args).run()
-    return 0
+    server = make_server(args)
+    server.run()
+    return server.exit_status
 
 
 @dataclass
@@ -105,13 +153,14 @@ class BackgroundServer:
 def start_in_thread(
     llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, host: str = "127.0.0.1", port: int = 0,
     grace: float = 5.0, log_level: str = "warning", startup_timeout: float = 60.0,
+    door: DoorOptions | None = None,
 ) -> BackgroundServer:
     """Serve ``llm`` from a background thread; ``port=0`` picks a free port."""
+    door = door or DoorOptions()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    config = uvicorn.Config(build_app(llm, model_name), log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=grace + 5.0)
+    config = uvicorn_config(build_app(llm, model_name, door), door, grace, log_level=log_level)
     server = GracefulServer(config, llm, grace)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="minivllm-http", daemon=True)
     thread.start()

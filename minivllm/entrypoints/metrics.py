@@ -158,10 +158,13 @@ class ServerMetrics:
             "prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens admitted."
         )
         self.preemptions = Counter("num_preemptions", "Requests preempted (blocks freed, to be recomputed).")
-        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of ended requests (once per request).")
         self.generation_tokens = Counter("generation_tokens", "Tokens generated.")
-        self.finished = Counter("request_success", "Requests finished, by finish reason.", "finished_reason")
-        self.failed = Counter("request_failure", "Requests failed by an engine error.")
+        self.finished = Counter(
+            "request_success", "Sequences ended (n per request), by finish reason: stop, length, abort, error.",
+            "finished_reason",
+        )
+        self.failed = Counter("request_failure", "Requests failed by an engine error (once per request).")
         self.rejected = Counter("request_rejected", "Requests refused at the door, by reason.", "reason")
         self.steps = Counter("engine_steps", "Engine steps run.")
         self.ttft = Histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)

@@ -10,8 +10,9 @@ Each HTTP request becomes one engine request per prompt. With ``"stream": true``
 a stream of server-sent events (``data: {chunk}``, then ``data: [DONE]``) carrying the new text
 of every step; otherwise one JSON body when all choices are done. Errors use OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``: 400 for anything the client got wrong
-(malformed JSON, bad or unsupported parameters, prompts too long), 404 for an unknown model,
-503 when the waiting queue is full or the server is shutting down, 500 if the engine fails.
+(malformed JSON, bad or unsupported parameters, prompts too long), 401 without the API key,
+404 for an unknown model, 408 / 413 for a body too slow / too large (``front_door.py``), 503
+when the waiting queue is full or the server is shutting down, 500 if the engine fails.
 A client that disconnects aborts its requests, so their KV blocks are freed at once.
 """
 
@@ -23,13 +24,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from minivllm.entrypoints import protocol as api
 from minivllm.entrypoints.async_llm import (
@@ -39,51 +40,54 @@ from minivllm.entrypoints.async_llm import (
     RequestFailedError,
     RequestStream,
 )
+from minivllm.entrypoints.front_door import (
+    ApiKeyMiddleware,
+    DoorOptions,
+    RefusedAtTheDoor,
+    error_response,
+    read_body,
+)
 from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import short_repr
 
 Kind = Literal["completion", "chat"]
-RETRY_AFTER_S = 1  # what a 503 tells the client to wait before retrying
+BODIES: dict[Kind, type[api._SamplingFields]] = {"completion": api.CompletionRequest, "chat": api.ChatCompletionRequest}
 
 
 class _ClientGone(Exception):
     """The client closed the connection before its (non-streaming) response was ready."""
 
 
-def _error(status: int, message: str, type_: str, param: str | None = None, code=None) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return JSONResponse(api.error_body(message, type_, param, code), status_code=status, headers=headers)
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """Pydantic's errors -> one sentence naming each field (and the JSON error, if any)."""
-    parts, param = [], None
-    for err in exc.errors():
-        if err.get("type") == "json_invalid":
-            detail = err.get("ctx", {}).get("error", "invalid JSON")
-            return f"malformed JSON body: {detail}", None
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        field = ".".join(loc) or "body"
-        param = param or (loc[0] if loc else None)
-        parts.append(f"{field}: {err.get('msg')} (got {err.get('input')!r})" if loc else err.get("msg"))
-    return "invalid request: " + "; ".join(parts), param
-
-
 class OpenAIServer:
-    """The routes and their plumbing; one per running server."""
+    """The routes and their plumbing; one per running server.
 
-    def __init__(self, llm: AsyncLLM, model_name: str, model_path: str | Path):
+    Parsing, tokenizing and chat templating (work in proportion to what the client sent) run
+    on one worker thread, never on the event loop, so a big request delays only requests that
+    are being parsed too, not the streams being written. One thread, because the tokenizer is
+    not safe to call from two threads at once."""
+
+    def __init__(self, llm: AsyncLLM, model_name: str, door: DoorOptions | None = None):
         self.llm = llm
         self.model_name = model_name
-        self.model_path = str(model_path)
+        self.door = door or DoorOptions()
         self.started = int(time.time())
+        self.prompt_char_limit = (
+            api.max_prompt_chars(llm.tokenizer, llm.max_model_len) if llm.tokenizer is not None else 0
+        )
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-prepare")
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     # --- helpers ---------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in (self.model_name, self.model_path):
-            raise LookupError(f"the model {name!r} does not exist; this server serves {self.model_name!r}")
+        if name is not None and name != self.model_name:
+            raise LookupError(
+                f"the model {short_repr(name)} does not exist; this server serves {self.model_name!r}"
+            )
 
     async def start_requests(
-        self, prompts: list[list[int]], params, request_id: str, priority: int
+        self, prompts: list[list[int]], params, request_id: str, req: api._SamplingFields
     ) -> list[RequestStream]:
         """Add one engine request per prompt. If one is refused, the ones already added are
         aborted, so a refused HTTP request leaves nothing behind."""
@@ -91,36 +95,40 @@ class OpenAIServer:
         try:
             for i, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.llm.add_request(ids, params, rid, priority))
+                streams.append(await self.llm.add_request(ids, params, rid, req.priority, cache_salt=req.cache_salt))
         except BaseException:
             for s in streams:
                 await s.aclose()
             raise
         return streams
 
-    async def prepare(self, req: api._SamplingFields, kind: Kind):
-        """Validate and tokenize: (prompt texts, prompt ids, SamplingParams). Raises
-        InvalidRequestError / LookupError before anything reaches the engine."""
-        self.check_model(req.model)
+    def prepare(self, raw: bytes, kind: Kind):
+        """Parse, validate and tokenize a body (on the worker thread): (request, prompt texts,
+        prompt ids, SamplingParams). Raises InvalidRequestError / LookupError before anything
+        reaches the engine."""
         llm = self.llm
+        req = api.parse_body(raw, BODIES[kind], llm.max_model_len)
+        self.check_model(req.model)
+        api.check_cache_salt(req)
         if kind == "chat":
-            texts, prompts = [None], [api.render_chat(llm.tokenizer, req)]
+            texts, prompts = [None], [api.render_chat(llm.tokenizer, req, self.prompt_char_limit)]
             param = "messages"
         else:
-            raw = req.prompts()
-            if len(raw) > api.MAX_PROMPTS:
-                raise api.InvalidRequestError(
-                    f"a request may carry at most {api.MAX_PROMPTS} prompts, got {len(raw)}", "prompt"
-                )
             texts, prompts = [], []
-            for p in raw:
+            raw_prompts = req.prompts()
+            for i, p in enumerate(raw_prompts):
+                if isinstance(p, str) and llm.tokenizer is not None:
+                    api.check_text(p, "prompt", "the prompt" if len(raw_prompts) == 1 else f"prompt {i}",
+                                   self.prompt_char_limit)
                 text, ids = llm.tokenize(p)
                 bad = next((t for t in ids if not 0 <= t < llm.vocab_size), None)
                 if bad is not None:
                     raise api.InvalidRequestError(
                         f"prompt token id {bad} is outside the vocabulary [0, {llm.vocab_size})", "prompt"
                     )
-                texts.append(text if text is not None else llm.tokenizer.decode(ids))
+                if text is None and llm.tokenizer is not None:
+                    text = llm.tokenizer.decode(ids)
+                texts.append(text or "")
                 prompts.append(ids)
             param = "prompt"
         for ids in prompts:
@@ -129,7 +137,7 @@ class OpenAIServer:
             api.check_prompt_length(len(ids), llm.max_model_len, param)
         longest = max(len(ids) for ids in prompts)
         params = api.to_sampling_params(req, longest, llm.max_model_len)
-        return texts, prompts, params
+        return req, texts, prompts, params
 
     # --- non-streaming ---------------------------------------------------------------------
     @staticmethod
@@ -234,23 +242,30 @@ class OpenAIServer:
         yield "data: [DONE]\n\n"
 
     # --- the two endpoints -----------------------------------------------------------------
-    async def handle(self, http: Request, req: api._SamplingFields, kind: Kind) -> Response:
+    async def handle(self, http: Request, kind: Kind) -> Response:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         head = api.ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", self.model_name)
-        echo = bool(getattr(req, "echo", False))
         try:
-            texts, prompts, params = await self.prepare(req, kind)
-            streams = await self.start_requests(prompts, params, head.id, req.priority)
+            raw = await read_body(http, self.door)
+            work = asyncio.get_running_loop().run_in_executor(self._worker, self.prepare, raw, kind)
+            req, texts, prompts, params = await work
+            streams = await self.start_requests(prompts, params, head.id, req)
+        except RefusedAtTheDoor as error:  # the rest of the body is unread: the connection is done
+            return error_response(error.status, str(error), "invalid_request_error", None, error.code,
+                          headers={"Connection": "close"})
+        except ClientDisconnect:
+            return Response(status_code=499)
         except LookupError as error:
-            return _error(404, str(error), "invalid_request_error", "model", "model_not_found")
+            return error_response(404, str(error), "invalid_request_error", "model", "model_not_found")
         except api.InvalidRequestError as error:
-            return _error(400, str(error), "invalid_request_error", error.param)
-        except (ValueError, TypeError) as error:  # the engine's own validation
-            return _error(400, str(error), "invalid_request_error", None)
+            return error_response(400, str(error), "invalid_request_error", error.param)
+        except (ValueError, TypeError) as error:  # the engine's own validation names the field first
+            return error_response(400, str(error), "invalid_request_error", api.param_named_in(str(error), BODIES[kind]))
         except QueueFullError as error:
-            return _error(503, str(error), "server_overloaded", None, "queue_full")
+            return error_response(503, str(error), "server_overloaded", None, "queue_full")
         except EngineDeadError as error:
-            return _error(503, str(error), "server_error", None, "engine_unavailable")
+            return error_response(503, str(error), "server_error", None, "engine_unavailable")
+        echo = bool(getattr(req, "echo", False))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self.stream_events(kind, head, texts, streams, params.n, echo, include_usage,
@@ -262,14 +277,14 @@ class OpenAIServer:
         except _ClientGone:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         except RequestFailedError as error:
-            return _error(500, str(error), "server_error", None)
+            return error_response(500, str(error), "server_error", None)
         except EngineDeadError as error:
-            return _error(503, str(error), "server_error", None, "engine_unavailable")
+            return error_response(503, str(error), "server_error", None, "engine_unavailable")
         return JSONResponse(self.full_response(kind, head, texts, outputs, echo, req.num_logprobs()))
 
     def models(self) -> dict:
         card = {"id": self.model_name, "object": "model", "created": self.started, "owned_by": "minivllm",
-                "root": self.model_path, "max_model_len": self.llm.max_model_len}
+                "root": self.model_name, "max_model_len": self.llm.max_model_len}
         return {"object": "list", "data": [card]}
 
 
@@ -314,40 +329,40 @@ async def _next(stream: RequestStream) -> RequestOutput | None:
         return None
 
 
-def build_app(llm: AsyncLLM, model_name: str) -> FastAPI:
-    """The FastAPI application. ``llm``'s loop starts with the app and stops with it."""
-    server = OpenAIServer(llm, model_name, llm.engine.model_path)
+def build_app(llm: AsyncLLM, model_name: str, door: DoorOptions | None = None) -> FastAPI:
+    """The FastAPI application. ``llm``'s loop starts with the app and stops with it. No
+    ``/docs`` or ``/openapi.json``: the API is OpenAI's (see docs/serving.md), and a served
+    model needs no schema browser open to every client."""
+    server = OpenAIServer(llm, model_name, door)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         llm.start()
         yield
         await llm.shutdown()
+        server.close()
 
-    app = FastAPI(title="minivllm", lifespan=lifespan)
+    app = FastAPI(title="minivllm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return _error(400, message, "invalid_request_error", param)
+    if server.door.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=server.door.api_key)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, str(exc.detail), kind)
+        return error_response(exc.status_code, str(exc.detail), kind)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error")
+        return error_response(500, f"internal server error: {type(exc).__name__}: {short_repr(str(exc), 200)}", "server_error")
 
     @app.post("/v1/completions")
-    async def completions(body: api.CompletionRequest, http: Request) -> Response:
-        return await server.handle(http, body, "completion")
+    async def completions(http: Request) -> Response:
+        return await server.handle(http, "completion")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: api.ChatCompletionRequest, http: Request) -> Response:
-        return await server.handle(http, body, "chat")
+    async def chat_completions(http: Request) -> Response:
+        return await server.handle(http, "chat")
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -357,7 +372,7 @@ def build_app(llm: AsyncLLM, model_name: str) -> FastAPI:
     async def health() -> Response:
         if llm.is_running:
             return Response(status_code=200)
-        return _error(503, "the engine loop is not running", "server_error")
+        return error_response(503, "the engine loop is not running", "server_error")
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

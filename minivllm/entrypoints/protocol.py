@@ -12,15 +12,16 @@ vLLM adds to the OpenAI API (``top_k``, ``min_tokens``, ``ignore_eos``, ``stop_t
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from minivllm.outputs import CompletionOutput, RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, is_valid_unicode, short_repr
 
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_PROMPTS = 2048  # OpenAI's limit on prompts in one completions request
@@ -74,6 +75,8 @@ class _SamplingFields(_Body):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: StrictInt = 0
+    # vLLM's: requests with different salts never share prefix-cache blocks (see docs/serving.md)
+    cache_salt: str | None = None
 
     def requested_max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -148,6 +151,81 @@ class ChatCompletionRequest(_SamplingFields):
         return self.top_logprobs or 0
 
 
+# --- parsing a body, and what is checked before any tokenizing ---------------------------------
+def parse_body(raw: bytes, model: type[_SamplingFields], max_model_len: int) -> _SamplingFields:
+    """JSON bytes -> a validated request. The number of messages or prompts is checked on the
+    parsed JSON before pydantic builds an object for each of them."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, bad UTF-8, deep nesting
+        raise InvalidRequestError(f"malformed JSON body: {short_repr(str(error), 120)}") from None
+    if isinstance(data, dict):
+        _check_counts(data, max_model_len)
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise InvalidRequestError(*validation_message(error.errors())) from None
+
+
+def _check_counts(data: dict, max_model_len: int) -> None:
+    messages, prompt = data.get("messages"), data.get("prompt")
+    if isinstance(messages, list) and len(messages) > max_model_len:
+        raise InvalidRequestError(
+            f"a conversation may have at most {max_model_len} messages (every message takes at least one "
+            f"of the model's {max_model_len} context tokens), got {len(messages)}", "messages",
+        )
+    if not isinstance(prompt, list) or not prompt:
+        return
+    if isinstance(prompt[0], int):
+        check_prompt_length(len(prompt), max_model_len, "prompt")
+        return
+    if len(prompt) > MAX_PROMPTS:
+        raise InvalidRequestError(f"a request may carry at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
+    for ids in prompt:
+        if isinstance(ids, list):
+            check_prompt_length(len(ids), max_model_len, "prompt")
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """Pydantic's errors -> one sentence naming each field (quoting a short piece of the input)."""
+    parts, param = [], None
+    for err in errors[:5]:
+        loc = [str(x) for x in err.get("loc", ())]
+        field = ".".join(loc)
+        param = param or (loc[0] if loc else None)
+        got = f" (got {short_repr(err.get('input'))})" if loc else ""
+        parts.append(f"{field}: {err.get('msg')}{got}" if loc else str(err.get("msg")))
+    more = f"; and {len(errors) - 5} more errors" if len(errors) > 5 else ""
+    return "invalid request: " + "; ".join(parts) + more, param
+
+
+def max_prompt_chars(tokenizer, max_model_len: int) -> int:
+    """The most characters a prompt that fits the context can have: every token covers at most
+    as many characters as its longest vocabulary entry (a byte-level token string spells one
+    character per byte; SentencePiece spells the text itself), so a longer text cannot fit in
+    ``max_model_len - 1`` tokens, and is refused before it is tokenized."""
+    longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+    return (max_model_len - 1) * max(longest, 1)
+
+
+def check_text(text: str, param: str, what: str, char_limit: int) -> None:
+    """A prompt's text, before tokenizing: valid Unicode, and short enough that it could fit."""
+    if not is_valid_unicode(text):
+        raise InvalidRequestError(f"{what} is not valid Unicode (it has a lone surrogate)", param)
+    if len(text) > char_limit:
+        raise InvalidRequestError(
+            f"{what} has {len(text)} characters, more than can fit in this model's context (at most "
+            f"{char_limit} characters: no token of its tokenizer covers more than {char_limit} / "
+            f"(max_model_len - 1) of them)", param,
+        )
+
+
+def check_cache_salt(req: _SamplingFields) -> None:
+    salt = req.cache_salt
+    if salt is not None and (not salt or not is_valid_unicode(salt)):
+        raise InvalidRequestError("cache_salt must be a non-empty string of valid Unicode if given", "cache_salt")
+
+
 # --- checks and the mapping to SamplingParams ---------------------------------------------------
 def _refuse_unsupported(req: _SamplingFields) -> None:
     if req.presence_penalty or req.frequency_penalty:
@@ -175,10 +253,11 @@ def _refuse_unsupported(req: _SamplingFields) -> None:
             raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {num}", "logprobs")
 
 
-def _param_named_in(message: str, req: _SamplingFields) -> str | None:
-    """``SamplingParams`` errors start with the field's name ("top_p must be in (0, 1]...")."""
+def param_named_in(message: str, body: type[_SamplingFields]) -> str | None:
+    """``SamplingParams`` and engine errors start with the field's name ("top_p must be in
+    (0, 1]...", "stop string 1 is not valid Unicode")."""
     first = re.match(r"[a-z_]+", message)
-    return first.group() if first and first.group() in type(req).model_fields else None
+    return first.group() if first and first.group() in body.model_fields else None
 
 
 def to_sampling_params(req: _SamplingFields, prompt_len: int, max_model_len: int) -> SamplingParams:
@@ -215,7 +294,7 @@ def to_sampling_params(req: _SamplingFields, prompt_len: int, max_model_len: int
             logprobs=req.num_logprobs(),
         )
     except (ValueError, TypeError) as error:
-        raise InvalidRequestError(str(error), _param_named_in(str(error), req)) from error
+        raise InvalidRequestError(str(error), param_named_in(str(error), type(req))) from error
 
 
 def check_prompt_length(prompt_len: int, max_model_len: int, param: str) -> None:
@@ -228,20 +307,27 @@ def check_prompt_length(prompt_len: int, max_model_len: int, param: str) -> None
         )
 
 
-def render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
+def render_chat(tokenizer, req: ChatCompletionRequest, char_limit: int | None = None) -> list[int]:
     """The tokenizer's chat template -> prompt token ids. The template writes any BOS itself,
-    so the text is tokenized without adding special tokens again."""
+    so the text is tokenized without adding special tokens again. Messages whose content alone
+    has more than ``char_limit`` characters are refused before the template runs."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError(
             "this model's tokenizer has no chat template; use /v1/completions", "messages"
         )
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    for i, m in enumerate(messages):
+        if not is_valid_unicode(m["content"]) or not is_valid_unicode(m["role"]):
+            raise InvalidRequestError(f"messages[{i}] is not valid Unicode (it has a lone surrogate)", "messages")
+    if char_limit is not None:
+        check_text("".join(m["content"] for m in messages), "messages", "the messages' content", char_limit)
     try:
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=req.add_generation_prompt
         )
     except Exception as error:  # jinja's raise_exception and template errors: the caller's input
-        raise InvalidRequestError(f"the chat template rejected the messages: {error}", "messages") from error
+        message = short_repr(str(error), 200)
+        raise InvalidRequestError(f"the chat template rejected the messages: {message}", "messages") from error
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
