@@ -13,14 +13,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from minivllm.course.grading import Case, case, expect, expect_raises
-from minivllm.course.kv_replay import (
-    PROMPTS,
-    KVRequest,
-    KVSetup,
-    compare_with_minivllm,
-    expect_same_tokens,
-    random_kv_trace,
-)
+from minivllm.course.harness import TraceRequest as KVRequest
+from minivllm.course.harness import expect_same_tokens
+from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 
@@ -134,6 +129,7 @@ def _(ex):
     expect(kv.allocate_slots(a, 5), None, "a needs 2 more blocks, 1 is free")
     expect((kv.num_free_blocks, kv.get_block_ids("a"), kv.get_block_ids("b"), kv.num_referenced_blocks),
            (1, [0, 1], [], 2), "(free blocks, a's table, b's table, referenced blocks) after both refusals")
+    expect(sorted(kv.tables), ["a"], "requests with a table (self.tables) after both refusals")
     expect(kv.allocate_slots(b, 4), [2], "b asks for 4 tokens instead")
 
 

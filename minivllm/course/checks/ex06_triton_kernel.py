@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.course.grading import Case, Mismatch, case
+from minivllm.course.harness import TraceRequest, TraceResult, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
@@ -217,16 +218,6 @@ def _(ex):
 
 
 # --- the kernel inside the engine --------------------------------------------------------------
-@dataclass
-class Served:
-    """One request served by the engine."""
-
-    prompt_len: int
-    num_cached_tokens: int
-    token_ids: list[int]
-    text: str
-
-
 ENGINE_ARGS = dict(dtype="float32", num_kv_blocks=64, max_model_len=256, max_num_seqs=8)
 STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
          "Every morning")
@@ -244,7 +235,7 @@ def make_llm(backend=None, **engine_args):
     return LLM(attention_backend=backend, **args)
 
 
-def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
+def serve_tiny_model(backend=None, max_tokens: int = 16) -> TraceResult:
     """Serve three greedy requests and return what each produced.
 
     ``boundary`` has a 16-token prompt (exactly one block, so its first decode token opens a
@@ -254,27 +245,15 @@ def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
     decode-only, so the backend's kernel serves all but the first two steps.
     """
     with one_cpu_thread():
-        return _serve(backend, max_tokens)
-
-
-def _serve(backend, max_tokens: int) -> dict[str, Served]:
-    from minivllm import SamplingParams
-
-    engine = make_llm(backend).engine
-    tokenize = engine.tokenizer.encode
-    story = tokenize(STORY)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    engine.add_request("boundary", story[:16], params)
-    engine.add_request("short", tokenize("The little fox"), params)
-    finished = {out.request_id: out for out in engine.step() if out.finished}
-    engine.add_request("shared", story[:16] + tokenize(" and then she saw a bird"), params)
-    while engine.has_unfinished_requests():
-        finished.update((out.request_id, out) for out in engine.step() if out.finished)
-    return {
-        rid: Served(len(out.prompt_token_ids), out.num_cached_tokens, list(out.outputs[0].token_ids),
-                    out.outputs[0].text)
-        for rid, out in sorted(finished.items())
-    }
+        llm = make_llm(backend)
+        tokenize = llm.engine.tokenizer.encode
+        story = tokenize(STORY)
+        trace = [
+            TraceRequest("boundary", story[:16], max_tokens),
+            TraceRequest("short", tokenize("The little fox"), max_tokens),
+            TraceRequest("shared", story[:16] + tokenize(" and then she saw a bird"), max_tokens, arrival_step=1),
+        ]
+        return run_trace(llm, trace)
 
 
 @case(CASES, "served by the engine: the tiny model's greedy tokens equal minivllm's", KERNEL,
@@ -288,12 +267,6 @@ def _(ex):
     got = serve_tiny_model(backend)
     if backend.kernel_calls == 0:
         raise AssertionError("the backend never ran the kernel: decode-only steps must use it")
-    if expected["shared"].num_cached_tokens < 16:
+    if expected.cached["shared"] < 16:
         raise AssertionError("the trace lost its prefix-cache hit (16 cached tokens expected)")
-    for rid, want in expected.items():
-        if got[rid].token_ids != want.token_ids:
-            pairs = zip(want.token_ids, got[rid].token_ids)
-            first = next((i for i, (a, b) in enumerate(pairs) if a != b), len(got[rid].token_ids))
-            raise Mismatch(want.token_ids, got[rid].token_ids,
-                           f"request {rid!r} (prompt {want.prompt_len} tokens): first difference at "
-                           f"generated token {first}")
+    expect_same_tokens(expected.tokens, got.tokens, "a 16-token prompt, a short one, a prefix hit")

@@ -13,15 +13,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from minivllm import course
 from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.kv_replay import (
-    PROMPTS,
-    KVRequest,
-    KVSetup,
-    compare_with_minivllm,
-    expect_same_tokens,
-    random_kv_trace,
-)
+from minivllm.course.harness import TraceRequest as KVRequest
+from minivllm.course.harness import expect_same_tokens
+from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 
@@ -49,6 +45,21 @@ def _admit(kv, request: Request) -> tuple[list[int], int]:
 
 def _refs(kv, ids) -> list[int]:
     return [kv.pool.blocks[i].ref_cnt for i in ids]
+
+
+# --- what this file is built on ------------------------------------------------------------------
+@case(CASES, "built on your own exercise 04", "PrefixCachingKVCacheManager",
+      "this file subclasses course.working('ex04_block_allocator'): your exercise 04 once it passes "
+      "its checks, the reference until then -- and then the cases below grade your code over it")
+def _(ex):
+    _admit(_manager(ex), Request("a", list(range(1, 10))))  # your code runs first (a stub stops here)
+    if ex.__course_source__ == "exercises" and ex.ex04.__course_source__ != "exercises":
+        report = course.verdict(course.load("ex04_block_allocator"))
+        raise NotImplementedError(
+            f"this file runs on the reference exercise 04: yours does not pass its checks yet "
+            f"({report.summary_line().strip()}); the other cases grade your exercise 07 over the "
+            "reference allocator. Pass exercise 04, then check this one again"
+        )
 
 
 # --- hashing ---------------------------------------------------------------------------------------
