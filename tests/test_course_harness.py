@@ -130,9 +130,7 @@ def test_every_step_checks_the_pool_and_the_queues_through_the_protocols():
 
 def test_lock_step_comparison_stops_at_the_first_difference_with_the_state_before_it():
     trace = [TraceRequest("a", 20, 2), TraceRequest("b", 3, 4, 1)]
-    expected = Replay(Scheduler, trace, max_num_seqs=2, max_num_batched_tokens=32)
-    for _ in expected:
-        pass
+    expected = Replay(Scheduler, trace, max_num_seqs=2, max_num_batched_tokens=32).finish()
 
     class OneSeat(Scheduler):  # never admits a second request while one runs
         def schedule(self):
@@ -142,7 +140,7 @@ def test_lock_step_comparison_stops_at_the_first_difference_with_the_state_befor
 
     mine = Replay(OneSeat, trace, max_num_seqs=2, max_num_batched_tokens=32)
     with pytest.raises(StepMismatch) as err:
-        expect_same_steps(expected.result, mine, DECISIONS, "one seat", mine.settings())
+        expect_same_steps(expected, mine, DECISIONS, "one seat", mine.settings())
     text = str(err.value)
     assert text.startswith("one seat: max_num_seqs=2") and "before step 1: running [('a', 1)]" in text
     assert "step 1, batch (request, tokens):\n  expected [('a', 1), ('b', 3)]\n  got      [('a', 1)]" in text
@@ -173,3 +171,33 @@ def test_the_replay_of_minivllms_scheduler_is_what_the_scheduler_decides():
                                         [("C", 1), ("D", 2)]]
     assert [s.finished for s in steps] == [[], ["B"], ["A"], ["C", "D"]]
     assert steps[2].running == [("A", 1)] and steps[2].waiting == [("C", 8), ("D", 2)]
+
+
+def test_the_example_in_docs_course_md_runs_and_catches_an_admission_after_a_preemption():
+    from minivllm import course
+    from minivllm.core.scheduler import Scheduler as MinivllmScheduler
+
+    ex = course.load("ex03_chunked_prefill", solutions=True)
+    trace = [TraceRequest("a", 8, 16), TraceRequest("b", 8, 16)]  # 8-token prompts, 16 tokens out
+    settings = dict(max_num_seqs=4, max_num_batched_tokens=4, enable_chunked_prefill=True, num_kv_blocks=3)
+    expected = Replay(MinivllmScheduler, trace, **settings).finish()
+    mine = Replay(ex.ChunkedScheduler, trace, **settings)
+    assert len(expect_same_steps(expected, mine, DECISIONS, "3 blocks", mine.settings())) == len(expected.steps)
+    assert expected.num_preemptions > 0
+
+    class AdmitsAfterPreempting(ex.ChunkedScheduler):  # the rule broken: admits in a step that preempted
+        def schedule(self):
+            out = super().schedule()
+            if out.preempted and self.waiting:
+                req = self.waiting[0]
+                table = self.kv.allocate_slots(req, 1)
+                if table is not None:
+                    self.waiting.popleft()
+                    req.status = type(req.status).RUNNING
+                    self.running.append(req)
+                    self.add_to_batch(out, req, 1, table)
+            return out
+
+    with pytest.raises(StepMismatch, match="3 blocks: max_num_seqs=4"):
+        expect_same_steps(expected, Replay(AdmitsAfterPreempting, trace, **settings), DECISIONS, "3 blocks",
+                          mine.settings())

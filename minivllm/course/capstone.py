@@ -31,7 +31,6 @@ and every request a time to first token.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +42,7 @@ from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
     TraceRequest,
     TraceResult,
+    beam_search,
     expect_same_steps,
     reporting_steps,
     run_trace,
@@ -120,7 +120,7 @@ class Engine:
 
         return LLM(scheduler=self.scheduler, kv_cache=self.make_kv(num_kv_blocks, BLOCK_SIZE),
                    attention_backend=self.make_backend(), engine_core=reporting_steps(self.step_loop),
-                   debug_checks=True, **self._args(engine_args))
+                   **self._args({"debug_checks": True, **engine_args}))
 
     def minivllm_llm(self, num_kv_blocks: int, **engine_args):
         """minivllm's own engine with the same settings: same pool, chunking, prefix caching."""
@@ -324,25 +324,6 @@ def compare_served(expected: Served, got: Served, label: str) -> None:
         raise Mismatch(expected.beams, got.beams, f"{label}: beam search's beams")
 
 
-def _beams(llm, limit: int = 100) -> list[list[int]]:
-    """Beam search (its own loop, not a trace), stopped by a step listener after ``limit`` steps
-    so that a broken step loop fails a check instead of running forever."""
-    from minivllm import BeamSearchParams
-
-    count = itertools.count(1)
-
-    def bounded(_step) -> None:
-        if next(count) > limit:
-            raise Mismatch(f"at most {limit} steps", "more", "beam search did not finish")
-
-    remove = llm.engine.core.add_step_listener(bounded)
-    try:
-        out = llm.beam_search(["Tom went to the market and"], BeamSearchParams(beam_width=2, max_tokens=6))[0]
-    finally:
-        remove()
-    return [list(s.token_ids) for s in out.sequences]
-
-
 def serve_engine_trace(step_loop: type | None) -> Served:
     """Exercise 08's engine case: the prefix/fork/preemption trace and a beam search, served
     with ``LLM(engine_core=step_loop)`` over minivllm's scheduler (committing left to the core)
@@ -361,7 +342,7 @@ def serve_engine_trace(step_loop: type | None) -> Served:
 
     with one_cpu_thread():
         served = serve(make(), PREFIX_FORKS_AND_PREEMPTION)
-        served.beams = _beams(make())
+        served.beams = beam_search(make(), ["Tom went to the market and"], width=2, max_tokens=6, max_steps=100)[0]
     return served
 
 

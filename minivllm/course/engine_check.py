@@ -71,10 +71,7 @@ def serve(
     """Serve ``prompts`` (text or token ids; request ``p{i}`` joins before step ``arrivals[i]``,
     wants ``max_tokens`` or ``max_tokens[i]`` tokens) greedily with
     ``LLM(scheduler=scheduler, **engine_args)``; every step is recorded."""
-    run = _run(scheduler, prompts, arrivals, max_tokens, max_steps, ignore_eos, engine_args)
-    for _ in run:
-        pass
-    return run.result
+    return _run(scheduler, prompts, arrivals, max_tokens, max_steps, ignore_eos, engine_args).finish()
 
 
 def compare_on_engine(factory, arrivals: Sequence[int], label: str = "", max_tokens: int = 16,

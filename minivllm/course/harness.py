@@ -361,6 +361,12 @@ class TraceRun:
     def __iter__(self) -> Iterator[StepRecord]:
         return self
 
+    def finish(self) -> TraceResult:
+        """Run to the end (the steps not taken yet); return the result."""
+        for _ in self:
+            pass
+        return self.result
+
     def __next__(self) -> StepRecord:
         return next(self._run)
 
@@ -518,10 +524,27 @@ def _waiting(scheduler) -> list[Request]:
 
 def run_trace(target, trace: Sequence[TraceRequest], **options) -> TraceResult:
     """Run ``trace`` on ``target`` to the end (options: those of :class:`TraceRun`)."""
-    run = TraceRun(target, trace, **options)
-    for _ in run:
-        pass
-    return run.result
+    return TraceRun(target, trace, **options).finish()
+
+
+def beam_search(llm, prompts: Sequence, width: int, max_tokens: int, max_steps: int = 200) -> list[list[list[int]]]:
+    """``llm.beam_search`` (a loop of its own, not a trace) stopped by a step listener after
+    ``max_steps`` steps, so that a broken part fails a check instead of searching forever.
+    Returns each prompt's beams, best first, as token ids."""
+    from minivllm import BeamSearchParams
+
+    steps = iter(range(max_steps))
+
+    def bounded(_step_output) -> None:
+        if next(steps, None) is None:
+            raise Mismatch(f"at most {max_steps} steps", "more", "beam search did not finish")
+
+    remove = llm.engine.core.add_step_listener(bounded)
+    try:
+        outs = llm.beam_search(list(prompts), BeamSearchParams(beam_width=width, max_tokens=max_tokens))
+    finally:
+        remove()
+    return [[list(s.token_ids) for s in out.sequences] for out in outs]
 
 
 # --- comparing ------------------------------------------------------------------------------------

@@ -159,8 +159,6 @@ def compare_with_reference(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=enable_chunked_prefill, num_kv_blocks=num_kv_blocks, block_size=block_size,
     )
-    reference = Replay(Scheduler, trace, **kwargs)
-    for _ in reference:
-        pass
+    expected = Replay(Scheduler, trace, **kwargs).finish()
     mine = Replay(factory, trace, **kwargs)
-    return expect_same_steps(reference.result, mine, DECISIONS, label, mine.settings())
+    return expect_same_steps(expected, mine, DECISIONS, label, mine.settings())

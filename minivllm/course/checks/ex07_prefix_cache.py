@@ -16,7 +16,7 @@ from functools import lru_cache
 from minivllm import course
 from minivllm.course.grading import Case, Mismatch, case, expect
 from minivllm.course.harness import TraceRequest as KVRequest
-from minivllm.course.harness import expect_same_tokens
+from minivllm.course.harness import beam_search, expect_same_tokens
 from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
@@ -438,13 +438,11 @@ def _(ex):
 
 
 def _beams(kv):
-    from minivllm import BeamSearchParams
-
     with one_cpu_thread():
         llm = _llm(kv)
         prompts = [llm.engine.tokenizer.encode(p) for p in PROMPTS[4:6]]
-        outs = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=8))
-    return {f"{i}/{j}": list(s.token_ids) for i, o in enumerate(outs) for j, s in enumerate(o.sequences)}
+        beams = beam_search(llm, prompts, width=3, max_tokens=8)
+    return {f"{i}/{j}": tokens for i, found in enumerate(beams) for j, tokens in enumerate(found)}
 
 
 @lru_cache(maxsize=1)
