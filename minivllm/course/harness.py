@@ -234,12 +234,13 @@ class FakeExecutor:
     * calls listed in ``raise_at`` raise (``"error"``: ``RuntimeError``; ``"interrupt"``:
       :class:`InjectedInterrupt`);
     * every row that samples gets a token below ``vocab`` from a generator seeded with
-      ``(seed, call)``, in batch order, then every sibling forking off a leader that sampled;
+      ``(seed, call)``, in batch order, then every sibling forking off a leader that sampled
+      (``vocab=1``: always token 0, for runs whose tokens do not matter);
     * rows named in ``fail_rows[call]`` fail (with their unforked siblings), as rows with
       non-finite logits do; with ``token_for_failed_rows`` a failed row without siblings comes
       with a token anyway (an executor that drew one before it noticed);
-    * every sampled token gets ``Logprobs``, every request starting its prompt a
-      ``prompt_logprobs`` entry, so that one can check they reach the output.
+    * with ``logprobs``, every sampled token gets ``Logprobs``, every request starting its
+      prompt a ``prompt_logprobs`` entry, so that one can check they reach the output.
 
     ``log`` (if given) gets ``"execute"`` at every call. Calls are counted from 0 in ``calls``.
     """
@@ -251,6 +252,7 @@ class FakeExecutor:
     token_for_failed_rows: bool = False
     log: list[str] | None = None
     vocab: int = 4
+    logprobs: bool = True
     calls: int = 0
 
     def execute(self, out) -> ModelRunnerOutput:
@@ -263,22 +265,24 @@ class FakeExecutor:
             raise InjectedInterrupt(f"interrupted in step {call}")
         if kind is not None:
             raise RuntimeError(f"the executor failed in step {call}")
-        rng = random.Random(self.seed * 100_003 + call)
+        rng = random.Random(self.seed * 100_003 + call) if self.vocab > 1 else None
         result = ModelRunnerOutput()
         failing = set(self.fail_rows.get(call, ()))
         for req in out.sampling_requests:
             kids = out.forks.get(req.request_id, ())
             for rid in [req.request_id] + [kid.request_id for kid in kids]:
-                token = rng.randrange(self.vocab)
+                token = rng.randrange(self.vocab) if rng else 0
                 if req.request_id in failing:
                     result.failed[rid] = f"row of {req.request_id} is not finite (step {call})"
                     if kids or not self.token_for_failed_rows:
                         continue
                 result.sampled[rid] = token
-                result.logprobs[rid] = Logprobs(token, -0.25 * (token + 1), token + 1, [(token, -0.25)])
-        for req, computed in zip(out.requests, out.num_computed, strict=True):
-            if computed == 0:
-                result.prompt_logprobs[req.request_id] = (0, [None])
+                if self.logprobs:
+                    result.logprobs[rid] = Logprobs(token, -0.25 * (token + 1), token + 1, [(token, -0.25)])
+        if self.logprobs:
+            for req, computed in zip(out.requests, out.num_computed, strict=True):
+                if computed == 0:
+                    result.prompt_logprobs[req.request_id] = (0, [None])
         return result
 
 

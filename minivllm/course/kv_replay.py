@@ -63,7 +63,7 @@ class KVSetup:
     def core(self, kv) -> EngineCore:
         """minivllm's scheduler over ``kv``, in an engine core with a fake executor."""
         sched_cls = StaticBatchScheduler if self.scheduler == "static" else Scheduler
-        executor = FakeExecutor()
+        executor = FakeExecutor(logprobs=False)
         return reporting_steps(EngineCore)(sched_cls(self.scheduler_config(), kv), executor,
                                            clock=executor.clock, debug_checks=True)
 

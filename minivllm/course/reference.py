@@ -13,7 +13,7 @@ protocol) over a KV pool and :class:`~minivllm.course.harness.FakeExecutor`.
   :class:`~minivllm.course.harness.StepMismatch` at the first step where they disagree, with
   the state before that step.
 
-Every scheduler gets its KV cache manager through
+Every scheduler but minivllm's own gets its KV cache manager through
 :class:`~minivllm.course.scheduling.ProtocolOnlyKV`, so a scheduler that passes uses only the
 ``KVCacheManager`` protocol.
 """
@@ -103,8 +103,10 @@ class Replay(TraceRun):
         self.num_blocks = num_kv_blocks or blocks_to_never_fill(trace, block_size)
         self.block_size = block_size
         self.config = scheduler_config(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        kv = ProtocolOnlyKV(KVCacheManager(self.num_blocks, block_size, enable_caching=False))
-        executor = FakeExecutor()
+        kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
+        if factory not in REFERENCE_SCHEDULERS.values():  # minivllm's own need no policing
+            kv = ProtocolOnlyKV(kv)
+        executor = FakeExecutor(vocab=1, logprobs=False)  # requests end on their length
         core = reporting_steps(EngineCore)(factory(self.config, kv), executor, clock=executor.clock,
                                                     stats=EngineStats(window=None))
         super().__init__(core, trace, max_steps=max_steps)

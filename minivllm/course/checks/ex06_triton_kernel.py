@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.course.grading import Case, Mismatch, case
-from minivllm.course.harness import TraceRequest, TraceResult, expect_same_tokens, run_trace
+from minivllm.course.harness import TraceRequest, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
@@ -218,6 +218,16 @@ def _(ex):
 
 
 # --- the kernel inside the engine --------------------------------------------------------------
+@dataclass
+class Served:
+    """One request served by the engine."""
+
+    prompt_len: int
+    num_cached_tokens: int
+    token_ids: list[int]
+    text: str
+
+
 ENGINE_ARGS = dict(dtype="float32", num_kv_blocks=64, max_model_len=256, max_num_seqs=8)
 STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
          "Every morning")
@@ -235,7 +245,7 @@ def make_llm(backend=None, **engine_args):
     return LLM(attention_backend=backend, **args)
 
 
-def serve_tiny_model(backend=None, max_tokens: int = 16) -> TraceResult:
+def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
     """Serve three greedy requests and return what each produced.
 
     ``boundary`` has a 16-token prompt (exactly one block, so its first decode token opens a
@@ -253,7 +263,9 @@ def serve_tiny_model(backend=None, max_tokens: int = 16) -> TraceResult:
             TraceRequest("short", tokenize("The little fox"), max_tokens),
             TraceRequest("shared", story[:16] + tokenize(" and then she saw a bird"), max_tokens, arrival_step=1),
         ]
-        return run_trace(llm, trace)
+        run = run_trace(llm, trace)
+    return {r.request_id: Served(r.prompt_len, run.cached[r.request_id], run.tokens[r.request_id],
+                                 run.texts[r.request_id]) for r in sorted(trace, key=lambda r: r.request_id)}
 
 
 @case(CASES, "served by the engine: the tiny model's greedy tokens equal minivllm's", KERNEL,
@@ -267,6 +279,7 @@ def _(ex):
     got = serve_tiny_model(backend)
     if backend.kernel_calls == 0:
         raise AssertionError("the backend never ran the kernel: decode-only steps must use it")
-    if expected.cached["shared"] < 16:
+    if expected["shared"].num_cached_tokens < 16:
         raise AssertionError("the trace lost its prefix-cache hit (16 cached tokens expected)")
-    expect_same_tokens(expected.tokens, got.tokens, "a 16-token prompt, a short one, a prefix hit")
+    expect_same_tokens({rid: s.token_ids for rid, s in expected.items()}, {rid: s.token_ids for rid, s in got.items()},
+                       "a 16-token prompt, a short one, a prefix hit")
