@@ -41,6 +41,12 @@ def core(scheduler_class=Scheduler, num_blocks: int = 16, **executor) -> EngineC
         (dict(request_id="a", prompt=3, arrival_step=-1), ValueError, "arrival_step must be an int >= 0, got -1"),
         (dict(request_id="a", prompt=3, arrival_step=1.5), ValueError, "got 1.5"),
         (dict(request_id="a", prompt=3, abort_step=2**63 * -1), ValueError, "abort_step"),
+        (dict(request_id="a", prompt=()), ValueError, "non-empty list of ints"),
+        (dict(request_id="a", prompt=(1, -2)), ValueError, r"ints >= 0, got \(1, -2\)"),
+        (dict(request_id="a", prompt=(1, 2.0)), ValueError, "ints >= 0"),
+        (dict(request_id="a", prompt=3, max_tokens=0), ValueError, "max_tokens"),
+        (dict(request_id="a", prompt=3, n=0), ValueError, "n must be >= 1, got n=0"),
+        (dict(request_id="a", prompt=3, temperature=float("nan")), ValueError, "temperature"),
     ],
 )
 def test_a_bad_trace_request_is_refused_naming_the_value(kwargs, error, match):

@@ -81,9 +81,12 @@ class TraceRequest:
             if prompt < 1:
                 raise ValueError(f"{self.request_id}: a prompt length must be >= 1, got {prompt}")
         elif isinstance(prompt, (list, tuple)):
+            if not prompt or any(type(t) is not int or t < 0 for t in prompt):
+                raise ValueError(f"{self.request_id}: token ids must be a non-empty list of ints >= 0, got {prompt!r}")
             object.__setattr__(self, "prompt", tuple(prompt))
         elif not isinstance(prompt, str):
             raise TypeError(f"{self.request_id}: prompt must be text, token ids or a length, got {prompt!r}")
+        self.sampling_params()  # refuses bad settings (max_tokens, n, temperature, seed...) now
 
     @property
     def prompt_len(self) -> int:

@@ -142,25 +142,13 @@ def run_reference(
     return list(replay)
 
 
-def compare_with_reference(
-    factory: SchedulerFactory,
-    trace: Sequence[TraceRequest],
-    *,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    enable_chunked_prefill: bool = False,
-    num_kv_blocks: int | None = None,
-    block_size: int = 16,
-    label: str = "",
-) -> list[StepRecord]:
-    """Run the scheduler ``factory`` builds next to minivllm's ``Scheduler`` (same settings, same
-    pool), step by step, and raise at the first step where the batch, the requests that sample,
-    the preempted ones, the ones that ended (and how) or the KV blocks in use differ, or where a
-    queued request has the wrong status. Returns the student's steps."""
-    kwargs = dict(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_chunked_prefill=enable_chunked_prefill, num_kv_blocks=num_kv_blocks, block_size=block_size,
-    )
-    expected = Replay(Scheduler, trace, **kwargs).finish()
-    mine = Replay(factory, trace, **kwargs)
+def compare_with_reference(factory: SchedulerFactory, trace: Sequence[TraceRequest], *, label: str = "",
+                           **settings) -> list[StepRecord]:
+    """Run the scheduler ``factory`` builds next to minivllm's ``Scheduler`` (same
+    :class:`Replay` ``settings``, same pool), step by step, and raise at the first step where the
+    batch, the requests that sample, the preempted ones, the ones that ended (and how) or the KV
+    blocks in use differ, or where a queued request has the wrong status. Returns the student's
+    steps."""
+    expected = Replay(Scheduler, trace, **settings).finish()
+    mine = Replay(factory, trace, **settings)
     return expect_same_steps(expected, mine, DECISIONS, label, mine.settings())
