@@ -152,8 +152,8 @@ class CoreSetup:
                                  max_model_len=self.max_model_len, policy=self.policy)
         scheduler = (NeverSchedules if self.never_schedules else CoreCommitsScheduler)(config, kv)
         executor = FakeExecutor(clock, self.seed, self.fail_rows, self.raise_at, self.token_for_failed_rows, log)
-        return reporting_steps(core_class)(scheduler, executor, clock=clock, stats=EngineStats(window=self.stats_window),
-                                           debug_checks=True)
+        stats = EngineStats(window=self.stats_window)
+        return reporting_steps(core_class)(scheduler, executor, clock=clock, stats=stats, debug_checks=True)
 
 
 def run_core(
@@ -215,7 +215,7 @@ def compare_times(expected: TraceResult, got: TraceResult, label: str = "") -> N
                 raise Mismatch(value, stamped, f"{where}request {rid!r}: stats.requests[{rid!r}].{name}")
             if name != "finished_time" and getattr(req, name, "missing") != value:
                 raise Mismatch(value, getattr(req, name, "missing"), f"{where}request {rid!r}: request.{name}")
-        if metrics is not None and req is not None and req.is_finished and metrics.num_output_tokens != req.num_output_tokens:
+        if req is not None and req.is_finished and getattr(metrics, "num_output_tokens", None) != req.num_output_tokens:
             raise Mismatch(req.num_output_tokens, metrics.num_output_tokens,
                            f"{where}request {rid!r}: output tokens recorded when it finished")
 

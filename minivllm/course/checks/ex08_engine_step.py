@@ -83,7 +83,7 @@ def _(ex):
     # a server's statistics keep only the latest finished requests: a request that ends at its
     # first token must have that token's time before it is recorded as finished, or its TTFT is lost
     ones = [R("prompt", OTHER + OTHER, 1), R("short", (1, 2), 1, arrival_step=1)]
-    compare_with_engine_core(ex, ones, CoreSetup(stats_window=1), "two requests that end at their first token in one step")
+    compare_with_engine_core(ex, ones, CoreSetup(stats_window=1), "two requests ending at their first token in one step")
 
 
 @case(CASES, "prefix cache: a block is shared only after the step that wrote it ran", "StepLoop.step",
