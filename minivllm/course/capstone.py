@@ -237,8 +237,6 @@ def step_loop_runs(core_class: type) -> None:
 
 
 # --- serving a trace ---------------------------------------------------------------------------
-ServeRequest = TraceRequest  # a request of a capstone trace (text prompt, greedy unless set)
-
 STORY = (
     "Once upon a time there was a little fox who lived in a quiet forest near a river. Every "
     "morning she walked to the water to drink, and every evening she came home to her den."

@@ -43,7 +43,6 @@ SchedulerFactory = Callable[[SchedulerConfig, object], object]
 REFERENCE_SCHEDULERS: dict[str, SchedulerFactory] = {"continuous": Scheduler, "static": StaticBatchScheduler}
 # what two schedulers must agree on at every step, in the order a difference is reported
 DECISIONS = ("batch", "sampled", "preempted", "ended", "kv_blocks_used")
-ReplayStep = RefStep = StepRecord  # the names notebooks use
 
 
 def random_trace(
