@@ -67,7 +67,9 @@ class Part:
 
 
 def _checks_of(module: ModuleType | None) -> str:
-    if module is None:
+    """How the student's file fares on its checks; "—" for the reference (graded by its own
+    tests, not here)."""
+    if module is None or module.__course_source__ == "solutions":
         return "—"
     report = course.verdict(module)
     n, ok = len(report.results), report.num_passed
@@ -84,7 +86,7 @@ def _pick(name: str) -> tuple[ModuleType, ModuleType]:
     """``(the module to run, the student's module)``: the student's file if it passes its
     checks (under ``MINIVLLM_SOLUTIONS=1`` that file is the reference), else the reference."""
     mine = course.load(name)
-    if course.verdict(mine).passed:
+    if mine.__course_source__ == "solutions" or course.verdict(mine).passed:
         return mine, mine
     return course.load(name, solutions=True), mine
 

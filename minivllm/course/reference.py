@@ -108,7 +108,7 @@ class Replay(TraceRun):
         executor = FakeExecutor(vocab=1, logprobs=False)  # requests end on their length
         core = reporting_steps(EngineCore)(factory(self.config, kv), executor, clock=executor.clock,
                                                     stats=EngineStats(window=None))
-        super().__init__(core, trace, max_steps=max_steps)
+        super().__init__(core, trace, max_steps=max_steps, check_pool=False)  # minivllm's manager
 
     def settings(self) -> str:
         cfg = self.config
