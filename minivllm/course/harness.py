@@ -15,10 +15,11 @@ The same loop serves two kinds of engine, the difference being the executor:
   failing rows, a raising step, a Ctrl-C), for replaying schedulers, KV cache managers and step
   loops in milliseconds.
 
-After every step the run checks, through the protocols only, that the pool's count of blocks in
-use is the number of distinct blocks live requests hold and that queued requests have the status
-of their queue; after the last one, that no block is still in use. A run that does not end
-within ``max_steps`` steps stops with a :class:`Mismatch`.
+After every step the run checks, through the protocols only, that queued requests have the
+status of their queue and (unless ``check_pool=False``: minivllm's own manager) that the pool's
+count of blocks in use is the number of distinct blocks live requests hold; after the last one,
+that no block is still in use. A run that does not end within ``max_steps`` steps stops with a
+:class:`Mismatch`.
 
 :func:`expect_same_steps` compares two runs step by step and raises :class:`StepMismatch` at the
 first step and field that differ, with the state before that step; given a live
