@@ -291,7 +291,7 @@ class FakeExecutor:
         return result
 
 
-@functools.cache  # one subclass per class, built once
+@functools.lru_cache(maxsize=16)  # one subclass per class (a few: exercise files load afresh)
 def reporting_steps(core_class: Callable[..., EngineCore]) -> type:
     """``core_class`` made to report every step to its step listeners. minivllm's
     ``EngineCore.step`` does; a step loop written from scratch (exercise 08 asks for ``step()``
@@ -468,7 +468,7 @@ class TraceRun:
     def _make_record(self, batch, tokens, preempted, statuses, failed, times, raised, out=None, core_out=None):
         sched, kv, stats = self.core.scheduler, self.core.kv, self.core.stats
         return StepRecord(
-            step=len(self.steps), running=self._before[0], waiting=self._before[1], batch=list(batch),
+            step=len(self.steps), running=self._before[0], waiting=self._before[1], batch=batch,
             computed=list(out.num_computed) if out else [],
             tables=[list(b) for b in out.block_ids] if out else [],
             copies=list(out.blocks_to_copy) if out else [], tokens=tokens, preempted=preempted,
