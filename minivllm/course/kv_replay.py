@@ -30,7 +30,6 @@ from minivllm.course.harness import (
     TraceResult,
     TraceRun,
     expect_same_steps,
-    reporting_steps,
     run_trace,
 )
 
@@ -64,8 +63,7 @@ class KVSetup:
         """minivllm's scheduler over ``kv``, in an engine core with a fake executor."""
         sched_cls = StaticBatchScheduler if self.scheduler == "static" else Scheduler
         executor = FakeExecutor(logprobs=False)
-        return reporting_steps(EngineCore)(sched_cls(self.scheduler_config(), kv), executor,
-                                           clock=executor.clock, debug_checks=True)
+        return EngineCore(sched_cls(self.scheduler_config(), kv), executor, clock=executor.clock, debug_checks=True)
 
 
 def replay(kv, trace: Sequence[TraceRequest], setup: KVSetup, max_steps: int = 5000) -> list[StepRecord]:

@@ -33,7 +33,6 @@ from minivllm.course.harness import (
     TraceRequest,
     TraceRun,
     expect_same_steps,
-    reporting_steps,
 )
 from minivllm.course.scheduling import ProtocolOnlyKV
 from minivllm.metrics import EngineStats
@@ -106,8 +105,7 @@ class Replay(TraceRun):
         if factory not in REFERENCE_SCHEDULERS.values():  # minivllm's own need no policing
             kv = ProtocolOnlyKV(kv)
         executor = FakeExecutor(vocab=1, logprobs=False)  # requests end on their length
-        core = reporting_steps(EngineCore)(factory(self.config, kv), executor, clock=executor.clock,
-                                                    stats=EngineStats(window=None))
+        core = EngineCore(factory(self.config, kv), executor, clock=executor.clock, stats=EngineStats(window=None))
         super().__init__(core, trace, max_steps=max_steps, check_pool=False)  # minivllm's manager
 
     def settings(self) -> str:
