@@ -323,6 +323,10 @@ MUTANTS = [
     ("ex04_block_allocator", "- len(self.tables.get(request.request_id, ())), 0)", "- request.num_computed_tokens // self.block_size, 0)"),
     # ex04: refusing when exactly enough blocks are free
     ("ex04_block_allocator", "if need > self.pool.num_free_blocks:", "if need >= self.pool.num_free_blocks:"),
+    # ex04: a refused new request gets an (empty) table all the same
+    ("ex04_block_allocator",
+     "        if need > self.pool.num_free_blocks:\n            return None\n        table = self.tables.setdefault(request.request_id, [])\n",
+     "        table = self.tables.setdefault(request.request_id, [])\n        if need > self.pool.num_free_blocks:\n            return None\n"),
     # ex04: the logical block used as if it were the physical one
     ("ex04_block_allocator", "table[pos // bs].block_id * bs + pos % bs", "pos // bs * bs + pos % bs"),
     # ex04: the block id used as a slot (not multiplied by the block size)
@@ -376,6 +380,11 @@ MUTANTS = [
     ("ex08_engine_step", "            req.first_token_time = now\n            stats.record_first_token(rid, now)\n", ""),
     ("ex08_engine_step", "            req.first_token_time = now\n            stats.record_first_token(rid, now)\n",
      "            req.first_token_time = start\n            stats.record_first_token(rid, start)\n"),
+    # ex08: a request that ends at its first token recorded as finished before its first token is stamped
+    # (statistics that keep a bounded window of finished requests then lose its TTFT)
+    ("ex08_engine_step", _EX08_RECORD.split("now = self.clock()\n")[1].split("        self.record_step")[0],
+     "        for req in finished:\n            self.record_finish(req, now)\n"
+     "        self.record_request_times(out, tokens, start, now)\n"),
     # ex08: sampled requests looked up in the scheduler after the update (one that finished at its first token is gone)
     ("ex08_engine_step", "req = by_id.get(rid) or self.scheduler.requests.get(rid)", "req = self.scheduler.requests.get(rid)"),
     # ex08: a forked sibling never first-scheduled; the request's own timestamps left unset
@@ -445,6 +454,49 @@ def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
     assert any(not run_case(c, module).passed for c in course.cases_for(name)), (
         f"no case notices {old!r} -> {new!r}"
     )
+
+
+def _student_checkout(tmp_path, monkeypatch, solved: list[str]):
+    """A fork as a student has it: fresh stubs, except the exercises in ``solved`` (the
+    reference answers, as if the student wrote them); graded without MINIVLLM_SOLUTIONS."""
+    (tmp_path / "solutions").mkdir()
+    for name in NAMES:
+        (tmp_path / "solutions" / f"{name}.py").write_text((ROOT / "solutions" / f"{name}.py").read_text())
+    exgen.write_exercises(tmp_path)
+    for name in solved:
+        (tmp_path / "exercises" / f"{name}.py").write_text((ROOT / "solutions" / f"{name}.py").read_text())
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(tmp_path))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+
+
+def _case(name: str, title: str):
+    return next(c for c in course.cases_for(name) if c.name == title)
+
+
+@pytest.mark.parametrize("own_ex04", [False, True])
+def test_ex07_on_the_reference_ex04_is_not_complete(tmp_path, monkeypatch, own_ex04):
+    """A correct exercise 07 over the reference exercise 04 (the student's does not pass yet)
+    says so and stays to do; over the student's own exercise 04 it passes."""
+    _student_checkout(tmp_path, monkeypatch, ["ex07_prefix_cache"] + own_ex04 * ["ex04_block_allocator"])
+    ex07 = course.load("ex07_prefix_cache")
+    result = run_case(_case("ex07_prefix_cache", "built on your own exercise 04"), ex07)
+    if own_ex04:
+        assert result.passed, result.message
+    else:
+        assert result.status == TODO and "runs on the reference exercise 04" in result.message
+
+
+def test_the_whole_engine_case_names_the_parts_the_reference_stood_in_for(tmp_path, monkeypatch):
+    """Exercise 08 done, nothing else: the capstone serves with the reference parts, and its case
+    stays to do, naming them, instead of passing as "your whole engine"."""
+    _student_checkout(tmp_path, monkeypatch, ["ex08_engine_step"])
+    ex08 = course.load("ex08_engine_step")
+    result = run_case(_case("ex08_engine_step", "your whole engine: the parts you wrote in exercises 02-08, "
+                            "serving the tiny model"), ex08)
+    assert result.status == TODO, result.message
+    for part in ("ChunkedScheduler.schedule (ex03_chunked_prefill", "PrefixCachingKVCacheManager (ex07_prefix_cache",
+                 "PagedKVCacheManager, BlockPool (ex04_block_allocator", "PagedAttentionBackend"):
+        assert part in result.message
 
 
 # --- scoreboard and command line ---------------------------------------------------------------------
@@ -573,7 +625,8 @@ def test_ex03_extends_the_working_exercise_02(capsys):
 
 def test_replay_comparison_reports_the_state_before_the_step():
     from minivllm.core.scheduler import Scheduler
-    from minivllm.course.reference import StepMismatch, TraceRequest, compare_with_reference
+    from minivllm.course.harness import StepMismatch, TraceRequest
+    from minivllm.course.reference import compare_with_reference
 
     class LeakyScheduler(Scheduler):  # never frees a finished request's blocks
         def _release(self, req):

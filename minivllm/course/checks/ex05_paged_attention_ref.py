@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.kv_replay import expect_same_tokens
+from minivllm.course.harness import TraceRequest, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
@@ -400,7 +400,7 @@ MAX_TOKENS = 16
 
 @dataclass
 class EngineRun:
-    """What one served trace produced."""
+    """What one served trace produced (requests in alphabetical order)."""
 
     tokens: dict[str, list[int]]
     num_cached_tokens: dict[str, int]
@@ -409,21 +409,15 @@ class EngineRun:
 
 
 class Recorded:
-    """Wraps a backend: records each step's longest query (to show that the trace has chunks)
-    and the first exception the backend raised. The engine turns an exception in a step into
-    failed requests and goes on serving; the case re-raises it, so the scoreboard shows the
-    student's error rather than a token mismatch."""
+    """Wraps a backend and keeps the first exception it raised. The engine turns an exception in
+    a step into failed requests and goes on serving; the case re-raises it, so the scoreboard
+    shows the student's error rather than a token mismatch."""
 
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
-        self.max_query_lens: list[int] = []
         self.error: Exception | None = None
-        self._meta = None
 
     def forward(self, query, key, value, k_cache, v_cache, meta, scale):
-        if meta is not self._meta:
-            self._meta = meta
-            self.max_query_lens.append(meta.max_query_len)
         try:
             return self.inner.forward(query, key, value, k_cache, v_cache, meta, scale)
         except Exception as err:
@@ -439,35 +433,30 @@ def serve_trace(backend=None) -> EngineRun:
     """Four greedy requests on a pool of 8 blocks of 16 tokens, 32 tokens per step at most.
 
     ``long`` (44 tokens) is prefilled in two chunks, 32 then 12, the second next to ``short``.
-    After three steps ``shared`` arrives with the same first 32 tokens plus its own: a
-    prefix-cache hit of two blocks, so its first step is a chunk after 32 cached tokens, in a
-    step with decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is
-    preempted and recomputed. ``backend=None``: minivllm's own backend.
+    Before step 3 ``shared`` arrives with the same first 32 tokens plus its own: a prefix-cache
+    hit of two blocks, so its first step is a chunk after 32 cached tokens, in a step with
+    decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is preempted and
+    recomputed. ``backend=None``: minivllm's own backend.
     """
-    from minivllm import LLM, SamplingParams
+    from minivllm import LLM
 
     with one_cpu_thread():
         extra = {} if backend is None else {"attention_backend": backend}
         llm = LLM(debug_checks=True, **ENGINE_ARGS, **extra)
-        engine = llm.engine
-        tokenize = engine.tokenizer.encode
+        tokenize = llm.engine.tokenizer.encode
         story = tokenize(STORY)
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        engine.add_request("long", story[:44], params)
-        engine.add_request("short", tokenize("The little fox"), params)
-        finished = {}
-        for _ in range(3):
-            finished.update((o.request_id, o) for o in engine.step() if o.finished)
-        engine.add_request("shared", story[:32] + tokenize(" and then she saw a big bird"), params)
-        engine.add_request("tom", tokenize("Tom went to the market with his mother and"), params)
-        while engine.has_unfinished_requests():
-            finished.update((o.request_id, o) for o in engine.step() if o.finished)
-    lengths = backend.max_query_lens if isinstance(backend, Recorded) else []
+        trace = [
+            TraceRequest("long", story[:44], MAX_TOKENS),
+            TraceRequest("short", tokenize("The little fox"), MAX_TOKENS),
+            TraceRequest("shared", story[:32] + tokenize(" and then she saw a big bird"), MAX_TOKENS, 3),
+            TraceRequest("tom", tokenize("Tom went to the market with his mother and"), MAX_TOKENS, 3),
+        ]
+        run = run_trace(llm, trace)
     return EngineRun(
-        tokens={rid: list(o.outputs[0].token_ids) for rid, o in sorted(finished.items())},
-        num_cached_tokens={rid: o.num_cached_tokens for rid, o in sorted(finished.items())},
-        preemptions=llm.stats().summary()["preemptions"],
-        max_query_lens=lengths,
+        tokens=dict(sorted(run.tokens.items())),
+        num_cached_tokens=dict(sorted(run.cached.items())),
+        preemptions=run.num_preemptions,
+        max_query_lens=[max(n for _, n in s.batch) for s in run.steps],
     )
 
 
@@ -517,7 +506,7 @@ def _(ex):
     recorder = Recorded(backend)
     got = serve_trace(recorder)
     recorder.reraise()
-    if max(recorder.max_query_lens) != 32 or got.num_cached_tokens["shared"] < 32:
+    if max(got.max_query_lens) != 32 or got.num_cached_tokens["shared"] < 32:
         raise AssertionError("the trace no longer has a 32-token chunk and a prefix hit")
     expect_same_tokens(want.tokens, got.tokens,
                        "chunked prefill, a prefix hit and a preemption on 8 blocks")
