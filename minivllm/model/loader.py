@@ -45,15 +45,27 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
         ) from exc
 
 
+BF16_MIN_CAPABILITY = (8, 0)  # Ampere: the first NVIDIA GPUs with bfloat16 arithmetic
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """The number format ``dtype="auto"`` means on ``device``: float32 on a CPU (CPU half
+    precision is slow); on a CUDA GPU bfloat16 from compute capability 8.0 on (A100, L4, H100...),
+    float16 below it (a T4 is sm_75). The capability decides, not
+    ``torch.cuda.is_bf16_supported()``, which says True on a T4: torch emulates bfloat16 there,
+    but the GPU has no bfloat16 arithmetic and Triton's bfloat16 kernels need sm_80."""
+    if device.type != "cuda":
+        return torch.float32
+    capability = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if tuple(capability) >= BF16_MIN_CAPABILITY else torch.float16
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``auto``: float32 on a CPU (CPU half precision is slow); on a GPU 16-bit, whatever the
-    checkpoint stores: bfloat16 where the GPU computes in it, float16 otherwise (a T4)."""
+    """A ``torch.dtype`` as given, a name from ``_DTYPES``, or ``"auto"`` (:func:`auto_dtype`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return auto_dtype(device)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
