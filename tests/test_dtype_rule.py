@@ -1,8 +1,8 @@
 """``dtype="auto"``: one rule for the engine and the notebooks, decided by the compute capability.
 
 A T4 (sm_75) says ``torch.cuda.is_bf16_supported() == True`` (torch emulates bfloat16 there), yet
-has no bfloat16 arithmetic and Triton's bfloat16 kernels need sm_80. The device is faked here
-so that the rule is checked on a machine without a GPU.
+has no bfloat16 arithmetic: float16 is its number format. The device is faked here so that the
+rule is checked on a machine without a GPU.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_kv_helpers import DEVICE
 
 from minivllm.attention import AttentionMetadata, TorchAttentionBackend
+from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
 
 model_mod = pytest.importorskip("minivllm.model")
 LlamaFamilyModel, ModelConfig = model_mod.LlamaFamilyModel, model_mod.ModelConfig
