@@ -24,10 +24,11 @@ from minivllm.config import ATTENTION_BACKENDS
 
 MAX_TOKENS = 12
 TORCH_BACKENDS = ["torch", "torch_padded"]
-SETUPS = {
+SETUPS = {  # float32 on any device: transformers' tokens are computed in float32
     "chunked_prefix_preempt": dict(max_num_batched_tokens=48, num_kv_blocks=22, max_model_len=256,
-                                   block_size=16, enable_prefix_caching=True),
-    "static_batching": dict(scheduler="static", max_num_seqs=4),
+                                   block_size=16, enable_prefix_caching=True, dtype="float32"),
+    "static_batching": dict(scheduler="static", max_num_seqs=4, dtype="float32", num_kv_blocks=64,
+                            max_model_len=256),
 }
 
 
@@ -154,8 +155,9 @@ def test_a_plugin_backend_is_used_as_given_and_asked_about_its_cache(monkeypatch
     monkeypatch.setattr(loader, "get_attention_backend", no_builtin)
     picky = PickyBackend()
     with pytest.raises(ValueError, match="picky needs block_size=32, got block_size=16"):
-        LLM(attention_backend=picky, num_kv_blocks=16, max_model_len=64)
-    llm = LLM(attention_backend=picky, block_size=32, num_kv_blocks=8, max_model_len=64)
+        LLM(attention_backend=picky, num_kv_blocks=16, max_model_len=64, device="cpu")
+    llm = LLM(attention_backend=picky, block_size=32, num_kv_blocks=8, max_model_len=64, device="cpu",
+              dtype="float32")
     assert picky.asked[-1] == (32, torch.float32, "cpu")
     assert all(layer.backend is picky for layer in llm.engine.model.attention_layers)
     out = llm.generate([[1, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
