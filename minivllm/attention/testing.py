@@ -153,9 +153,11 @@ def make_paged_problem(
     """One step over a paged cache, with its answer from contiguous tensors.
 
     * ``share={b: (a, n)}``: sequence ``b`` starts with the same ``n`` blocks as sequence ``a``
-      (the same tokens in the same physical blocks, as after a prefix-cache hit), or as many of
-      them as both have. Shared blocks that hold a new token are written twice with the same
-      K/V; keep them to cached context for a backend, which stores the new tokens.
+      (the same tokens in the same physical blocks, as after a prefix-cache hit), or with as many
+      of them as can hold the same tokens for both: a block of ``a`` that ``b`` would fill past
+      ``a``'s last token is not shared (a prefix cache shares full blocks; ``a``'s partly filled
+      last block only with a twin that ends in it too). Shared blocks that hold a new token are
+      written twice with the same K/V; keep them to cached context for a backend.
     * ``unowned``: what every slot nobody owns holds, and this step's slots before it writes them
       (NaN, inf, 0.0; ``None``: random finite values, as in a cache that starts clean).
     * ``padding``: what the slots at padding rows' positions hold (they are never stored):
@@ -182,7 +184,8 @@ def make_paged_problem(
     queries = [randn(s.query_len, num_heads, head_dim) for s in seqs]
     keys, values = [], []
     needed = [-(-s.seq_len // block_size) for s in seqs]
-    num_shared = {b: min(n, needed[b], needed[a]) for b, (a, n) in share.items()}
+    num_shared = {b: _shareable_blocks(seqs[a].seq_len, seqs[b].seq_len, n, block_size)
+                  for b, (a, n) in share.items()}
     for i, s in enumerate(seqs):
         k, v = randn(s.seq_len, num_kv_heads, head_dim), randn(s.seq_len, num_kv_heads, head_dim)
         if rising_scores and s.query_len:
@@ -192,7 +195,7 @@ def make_paged_problem(
             k = (k + rising_scores * ramp * direction[None] / scale).to(dtype).double()
         if i in share:
             a = share[i][0]
-            shared = min(num_shared[i] * block_size, s.seq_len, seqs[a].seq_len)
+            shared = min(num_shared[i] * block_size, s.seq_len)  # <= a's length (_shareable_blocks)
             k[:shared], v[:shared] = keys[a][:shared], values[a][:shared]
         keys.append(k)
         values.append(v)
@@ -253,6 +256,15 @@ def make_paged_problem(
         buffers_after=(on_device(k_after), on_device(v_after)),
         guard_blocks=guard_blocks,
     )
+
+
+def _shareable_blocks(len_a: int, len_b: int, wanted: int, block_size: int) -> int:
+    """How many of ``a``'s first ``wanted`` blocks ``b`` can share: every position ``b`` has in
+    them must be one of ``a``'s tokens."""
+    n = min(wanted, -(-len_a // block_size), -(-len_b // block_size))
+    while n and min(len_b, n * block_size) > len_a:
+        n -= 1
+    return n
 
 
 def decode_problem(seq_lens: list[int], **kwargs) -> PagedProblem:

@@ -272,3 +272,20 @@ def test_random_ragged_steps(rows, heads, block_size, seed):
                      dtype=torch.float32, seed=seed)
     for backend in TORCH_BACKENDS:
         check_against_reference(backend, step)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(1, 50), min_size=2, max_size=5), shared=st.integers(0, 3),
+       block_size=st.sampled_from([4, 16]), seed=st.integers(0, 2**16))
+def test_the_fixture_caches_what_the_reference_reads(lens, shared, block_size, seed):
+    """The shared problem itself (``minivllm.attention.testing``): after the step, every position
+    of every sequence, read through its block table, holds that sequence's own K/V -- shared
+    prefix blocks included -- so the reference and the cache describe the same problem."""
+    from minivllm.attention.testing import decode_problem
+
+    problem = decode_problem(lens, block_size=block_size, share={i: (0, shared) for i in range(1, len(lens))},
+                             seed=seed, dtype=torch.float32)
+    k_after = problem.k_cache_after.cpu().double()
+    for table, keys, n in zip(problem.tables, problem.keys, lens, strict=True):
+        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(n)])
+        assert torch.equal(k_after.view(-1, *k_after.shape[2:])[slots], keys)
