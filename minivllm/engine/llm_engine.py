@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from minivllm.attention import AttentionBackend
 from minivllm.config import (
     EngineArgs,
     build_engine_core,
@@ -30,7 +29,6 @@ from minivllm.config import (
     resolve_max_model_len,
     resolve_num_kv_blocks,
 )
-from minivllm.core.interfaces import check_implements
 from minivllm.engine.input_processor import InputProcessor
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
@@ -50,13 +48,9 @@ _BOOKKEEPING_BYTES_PER_BLOCK = 200  # a KVCacheBlock object and its list entries
 class LLMEngine:
     def __init__(self, model: str | None = None, **engine_args):
         self.args = args = EngineArgs.from_kwargs(**engine_args)
-        custom_backend = not isinstance(args.attention_backend, str)
         self.model, self.model_path = load_model(
-            model, dtype=args.dtype, device=args.device,
-            attention_backend="torch" if custom_backend else args.attention_backend,
+            model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         )
-        if custom_backend:
-            self._use_attention_backend(args.attention_backend)
         self.model_config = self.model.config
         self.device = self.model.lm_head.weight.device
         self._set_cpu_threads()
@@ -71,12 +65,6 @@ class LLMEngine:
         scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         kv = scheduler.kv
         self._check_memory(kv.num_blocks)
-        backend = self.model.attention_layers[0].backend
-        if getattr(backend, "name", "") == "triton" and kv.block_size < 16:
-            raise ValueError(
-                f"block_size={kv.block_size} is below the Triton kernels' minimum of 16; use "
-                f"block_size >= 16 or attention_backend='torch'"
-            )
         self.sampler = Sampler(seed=args.seed)
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         self.runner = ModelRunner(
@@ -105,10 +93,6 @@ class LLMEngine:
         return self.core.can_fork
 
     # --- set-up helpers --------------------------------------------------------------------
-    def _use_attention_backend(self, backend) -> None:
-        check_implements(backend, AttentionBackend, "attention_backend")
-        self.model.set_attention_backend(backend)
-
     def _set_cpu_threads(self) -> None:
         """On a CPU, choose torch's (process-wide) thread count. A small model's matmuls are too
         small to gain much from a second thread, while threads that compete with other work for
