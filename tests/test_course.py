@@ -79,9 +79,7 @@ SAMPLE = textwrap.dedent(
     NOTEBOOK = "notebooks/99_demo.ipynb"
 
     def area(w, h):
-        """Rectangle area."""
-        # HINT: width times height;
-        #   nothing more.
+        """Rectangle area, in square units. Both sides must be >= 0."""
         # BEGIN SOLUTION
         return w * h
         # END SOLUTION
@@ -96,18 +94,35 @@ SAMPLE = textwrap.dedent(
 )
 
 
-def test_generator_replaces_regions_with_hinted_stubs():
+def test_generator_replaces_regions_with_stubs_that_state_the_contract():
     out = exgen.make_exercise(SAMPLE, "ex99_demo")
     assert "return w * h" not in out and "return base * 3" not in out
-    assert "# HINT: width times height;" in out  # the hint comment stays for the student
-    assert "raise NotImplementedError('ex99 area: width times height; nothing more. (see notebooks/99_demo.ipynb)')" in out
-    assert "        raise NotImplementedError('ex99 Box.volume: write this part" in out
+    # the docstring's first sentence says what to do; the hints come from course.hint
+    assert ("raise NotImplementedError(\"ex99 area: Rectangle area, in square units. Yours to write; "
+            "stuck? course.hint('ex99') (notebooks/99_demo.ipynb)\")") in out
+    assert "        raise NotImplementedError(\"ex99 Box.volume: yours to write; stuck? course.hint('ex99')" in out
     assert "base = 2" in out  # code outside the region is kept
     assert out.startswith("# This file is generated from solutions/ex99_demo.py")
+    assert 'course.hint("ex99")' in out.splitlines()[2]
     ns: dict = {}
     exec(compile(out, "ex99", "exec"), ns)
     with pytest.raises(NotImplementedError, match="area"):
         ns["area"](2, 3)
+
+
+def test_generator_refuses_a_hint_in_the_solution():
+    """Hints live in minivllm/course/hints/, one at a time; a stub never carries them."""
+    with_hint = SAMPLE.replace("    # BEGIN SOLUTION\n    return w * h",
+                               "    # HINT: width times height\n    #   nothing more\n"
+                               "    # BEGIN SOLUTION\n    return w * h")
+    assert with_hint != SAMPLE
+    with pytest.raises(exgen.SolutionFormatError, match="hints live in minivllm/course/hints"):
+        exgen.make_exercise(with_hint, "ex99_demo")
+
+
+def test_a_long_contract_points_at_the_docstring():
+    long_doc = SAMPLE.replace("Rectangle area, in square units.", "Rectangle area " + "and more " * 20 + ".")
+    assert "ex99 area: What it must do is in its docstring. Yours to write" in exgen.make_exercise(long_doc, "ex99_demo")
 
 
 @pytest.mark.parametrize(
