@@ -1,5 +1,6 @@
-"""The course machinery: exercise generation, loading, grading, the CLI, and the checks
-themselves (every stub must fail them, plausible wrong answers must fail them)."""
+"""The course machinery: exercise generation, loading, grading, the CLI, and the mutation suite
+(plausible wrong answers, each of which must fail its exercise; tests/test_grader_validation.py
+holds the other two legs of the grader's validation: the reference passes, the stubs score zero)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from minivllm import course
 from minivllm.cli import main as cli_main
 from minivllm.course import exgen
-from minivllm.course.grading import TODO, run_case, run_cases
+from minivllm.course.grading import run_case, run_cases
 from minivllm.course.loader import load_path
 
 ROOT = course.course_root()
@@ -31,18 +32,6 @@ def test_there_are_exercises():
 def test_committed_exercises_are_up_to_date():
     stale = exgen.stale_exercises(ROOT)
     assert not stale, f"out of date: {stale}; run `minivllm course make-exercises`"
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_every_generated_stub_raises(name, tmp_path):
-    """Fresh stubs (generated now, not the committed ones a student may have edited) must fail
-    every case with NotImplementedError: a stub that passes a case still holds an answer."""
-    text = exgen.make_exercise((ROOT / "solutions" / f"{name}.py").read_text(), name)
-    path = tmp_path / f"{name}.py"
-    path.write_text(text)
-    report = run_cases(name, load_path(path, name, "stub"), course.cases_for(name), "stub")
-    not_todo = [(r.case.func, r.case.name, r.status) for r in report.results if r.status != TODO]
-    assert not not_todo, f"cases a stub does not fail with NotImplementedError: {not_todo}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -65,12 +54,6 @@ def test_solution_declares_its_notebook_and_has_a_test_module(name):
     assert name.split("_")[0] == "ex" + Path(m.group(1)).name[:2], "exercise and notebook numbers differ"
     assert (ROOT / "tests" / "exercises" / f"test_{name}.py").is_file()
     assert course.cases_for(name), f"no cases in minivllm/course/checks/{name}.py"
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_reference_solutions_pass_every_case(name):
-    report = course.grade([name], solutions=True)[0]
-    assert report.passed, report.render()
 
 
 # --- the generator ----------------------------------------------------------------------------------
@@ -483,9 +466,10 @@ def test_check_passes_quietly_on_the_reference(capsys):
 
 
 def test_cli_grade_and_make_exercises(capsys):
-    assert cli_main(["grade", "--solutions", "-q"]) == 0
+    """(The reference's full marks on every exercise: tests/test_grader_validation.py.)"""
+    assert cli_main(["grade", "--solutions", "-q", "ex00", "1"]) == 0
     out = capsys.readouterr().out
-    assert f"{len(NAMES)}/{len(NAMES)} exercises complete" in out
+    assert "✓ ex00_kv_memory" in out and "2/2 exercises complete" in out
     if course.use_solutions():
         assert cli_main(["course", "make-exercises", "--check"]) == 0
 
