@@ -118,10 +118,10 @@ class Report:
             lines.append(f"  {_MARK[r.status]} {r.status:<5} {r.case.func} · {r.case.name}")
             if r.passed or not verbose:
                 continue
-            if r.status == TODO:  # the stub's message once per function is enough
-                if r.case.func in todo_shown:
+            if r.status == TODO:  # each stub's message once is enough
+                if r.message in todo_shown:
                     continue
-                todo_shown.add(r.case.func)
+                todo_shown.add(r.message)
             for piece in r.message.splitlines():
                 # wrapped at spaces: a notebook breaks a long output line in mid-word
                 lines.extend(textwrap.wrap(piece, RENDER_WIDTH, initial_indent=" " * 10,

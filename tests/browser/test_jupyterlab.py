@@ -61,12 +61,13 @@ def lab(student_repo):
     env = {k: v for k, v in os.environ.items() if k not in ("MINIVLLM_SOLUTIONS", "MINIVLLM_COURSE_ROOT")}
     env["PYTHONPATH"] = str(student_repo)  # the kernel imports the copy's package
     env["JUPYTER_CONFIG_DIR"] = str(student_repo / ".jupyter-config")  # no user settings
+    log = student_repo.parent / "jupyterlab.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={student_repo}",
-         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
+         "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={student_repo}",
+         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None", "--LabApp.extension_manager=readonly",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=student_repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=student_repo, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -77,7 +78,7 @@ def lab(student_repo):
         except OSError:
             if server.poll() is not None or time.monotonic() > deadline:
                 server.kill()
-                raise RuntimeError("JupyterLab did not start") from None
+                raise RuntimeError(f"JupyterLab did not start:\n{log.read_text()[-2000:]}") from None
             time.sleep(1)
     try:
         yield base, token
