@@ -87,6 +87,16 @@ def test_a_damaged_progress_file_is_named(student_copy):
         course.hint("ex04")
 
 
+def test_a_read_only_copy_still_gives_the_hint(student_copy, capsys, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(hints.os, "replace", refuse)
+    course.hint("ex04")
+    out = capsys.readouterr().out
+    assert "ex04 hint 1 of" in out and "could not record the hint" in out and "read-only" in out
+
+
 def test_the_minivllm_hint_command(student_copy, capsys):
     assert cli_main(["hint", "ex02"]) == 0
     assert "ex02 hint 1 of" in capsys.readouterr().out

@@ -84,8 +84,11 @@ def _record(exercise: str, number: int, root: Path | None = None) -> None:
     if number not in numbers:
         numbers.append(number)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a file
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)  # a reader never sees half a file
+    except OSError as err:  # a read-only copy: the hint is still given, only not counted
+        print(f"(could not record the hint in {path}: {err})")
 
 
 def usage(exercise: str, root: Path | None = None) -> tuple[int, int]:
