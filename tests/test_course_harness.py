@@ -22,6 +22,7 @@ from minivllm.course.harness import (
     run_trace,
 )
 from minivllm.course.reference import DECISIONS, Replay, run_reference
+from minivllm.sampling_params import MAX_N
 
 
 def core(scheduler_class=Scheduler, num_blocks: int = 16, **executor) -> EngineCore:
@@ -45,7 +46,7 @@ def core(scheduler_class=Scheduler, num_blocks: int = 16, **executor) -> EngineC
         (dict(request_id="a", prompt=(1, -2)), ValueError, r"ints >= 0, got \(1, -2\)"),
         (dict(request_id="a", prompt=(1, 2.0)), ValueError, "ints >= 0"),
         (dict(request_id="a", prompt=3, max_tokens=0), ValueError, "max_tokens"),
-        (dict(request_id="a", prompt=3, n=0), ValueError, "n must be >= 1, got n=0"),
+        (dict(request_id="a", prompt=3, n=0), ValueError, rf"n must be in \[1, {MAX_N}\], got n=0"),
         (dict(request_id="a", prompt=3, temperature=float("nan")), ValueError, "temperature"),
     ],
 )
