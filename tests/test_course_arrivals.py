@@ -8,7 +8,7 @@ import pytest
 from minivllm import LLM
 from minivllm.course.arrivals import Arrival, serve_arrivals
 from minivllm.course.grading import Mismatch
-from minivllm.course.harness import TraceRequest, reporting_steps, run_trace
+from minivllm.course.harness import TraceRequest, run_trace
 from minivllm.course.runtime import one_cpu_thread
 
 
@@ -71,21 +71,31 @@ def test_samples_aborts_and_the_records_of_the_real_engine(llm):
     assert all(s.stats.batch_tokens == sum(n for _, n in s.batch) for s in run.steps)
 
 
-def test_a_step_loop_without_listeners_is_observed_through_reporting_steps():
-    from minivllm.core.engine_core import EngineCore, EngineCoreOutput
+def test_a_plug_in_step_loop_is_recorded_once_per_step():
+    """A step loop written from scratch calls no listener; EngineCore reports its steps anyway,
+    and once each (a run would raise on a second report)."""
+    from minivllm.core.engine_core import EngineCore, StepOutput
 
-    class Silent(EngineCore):  # reports to nobody
+    class Plain(EngineCore):  # calls no listener itself
         def step(self, choose_tokens=None):
             start = self.clock()
             out = self.scheduler.schedule()
             result = self.executor.execute(out)
+            self.kv.commit_written_blocks()
             finished = self.scheduler.update_from_output(result.sampled)
             self.stats.record_step(self.scheduler, out, start, 0.0)
-            return EngineCoreOutput(out, start, self.clock(), sampled=result.sampled, finished=finished)
+            return StepOutput(out, start, self.clock(), sampled=result.sampled, finished=finished)
+
+    class Chatty(Plain):  # reports its step a second time
+        def step(self, choose_tokens=None):
+            step_out = super().step(choose_tokens)
+            self._notify(step_out)
+            return step_out
 
     args = dict(num_kv_blocks=8, max_model_len=64, enable_prefix_caching=False)
     trace = [TraceRequest("a", "Once upon a time", 3)]
-    with pytest.raises(RuntimeError, match="did not report step 0 to its step listeners"):
-        run_trace(LLM(engine_core=Silent, **args), trace)
-    run = run_trace(LLM(engine_core=reporting_steps(Silent), **args), trace)
-    assert len(run.steps) == 3 and run.tokens["a"] == run_trace(LLM(**args), trace).tokens["a"]
+    run = run_trace(LLM(engine_core=Plain, **args), trace)
+    assert [s.step for s in run.steps] == [0, 1, 2]
+    assert run.tokens["a"] == run_trace(LLM(**args), trace).tokens["a"]
+    with pytest.raises(RuntimeError, match="reported 2 steps to its step listeners for step 0"):
+        run_trace(LLM(engine_core=Chatty, **args), trace)

@@ -18,7 +18,6 @@ from minivllm.course.harness import (
     TraceRun,
     expect_same_steps,
     expect_same_tokens,
-    reporting_steps,
     run_trace,
 )
 from minivllm.course.reference import DECISIONS, Replay, run_reference
@@ -28,7 +27,7 @@ from minivllm.sampling_params import MAX_N
 def core(scheduler_class=Scheduler, num_blocks: int = 16, **executor) -> EngineCore:
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
     fake = FakeExecutor(**executor)
-    return reporting_steps(EngineCore)(scheduler_class(config, KVCacheManager(num_blocks, 4)), fake, clock=fake.clock)
+    return EngineCore(scheduler_class(config, KVCacheManager(num_blocks, 4)), fake, clock=fake.clock)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +127,7 @@ class WrongStatus(Scheduler):
 
 def test_every_step_checks_the_pool_and_the_queues_through_the_protocols():
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
-    leaky = reporting_steps(EngineCore)(Scheduler(config, Leaky(8, 4)), FakeExecutor())
+    leaky = EngineCore(Scheduler(config, Leaky(8, 4)), FakeExecutor())
     with pytest.raises(AssertionError, match="the pool says 1 blocks are in use, but live requests hold 2"):
         run_trace(leaky, [TraceRequest("a", 6, 2)])
     with pytest.raises(StepMismatch, match="status of the requests in running / waiting"):

@@ -44,7 +44,6 @@ from minivllm.course.harness import (
     TraceResult,
     beam_search,
     expect_same_steps,
-    reporting_steps,
     run_trace,
 )
 from minivllm.course.reference import DECISIONS
@@ -121,7 +120,7 @@ class Engine:
         from minivllm import LLM
 
         return LLM(scheduler=self.scheduler, kv_cache=self.make_kv(num_kv_blocks, BLOCK_SIZE),
-                   attention_backend=self.make_backend(), engine_core=reporting_steps(self.step_loop),
+                   attention_backend=self.make_backend(), engine_core=self.step_loop,
                    **self._args({"debug_checks": True, **engine_args}))
 
     def minivllm_llm(self, num_kv_blocks: int, **engine_args):
@@ -329,7 +328,7 @@ def serve_engine_trace(step_loop: type | None) -> Served:
     with ``LLM(engine_core=step_loop)`` over minivllm's scheduler (committing left to the core)
     and paged KV cache manager; ``None``: minivllm's own engine."""
     from minivllm import LLM
-    from minivllm.course.core_replay import CoreCommitsScheduler, LoggedKV
+    from minivllm.course.core_replay import LoggedKV, LoggingScheduler
     from minivllm.course.runtime import one_cpu_thread
 
     args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET)
@@ -337,7 +336,7 @@ def serve_engine_trace(step_loop: type | None) -> Served:
     def make():
         if step_loop is None:
             return LLM(num_kv_blocks=POOLS["prefix"], **args)
-        return LLM(engine_core=reporting_steps(step_loop), scheduler=CoreCommitsScheduler,
+        return LLM(engine_core=step_loop, scheduler=LoggingScheduler,
                    kv_cache=LoggedKV(POOLS["prefix"], BLOCK_SIZE), debug_checks=True, **args)
 
     with one_cpu_thread():

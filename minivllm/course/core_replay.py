@@ -8,10 +8,9 @@ finished and who failed, the log-probabilities passed through, the step's ``Step
 times; then every request's timestamps against the definitions of the latency metrics, and the
 run's statistics. Everything is pure Python and takes milliseconds.
 
-* :class:`CoreCommitsScheduler` -- minivllm's ``Scheduler``, except that committing written
-  blocks to the prefix cache is left to the engine core, as the course's own schedulers do
-  (minivllm's commits in ``update_from_output`` too, for code that drives it by hand); it and
-  its KV cache manager (:class:`LoggedKV`) log the calls the step makes, in order;
+* :class:`LoggingScheduler` -- minivllm's ``Scheduler`` (which leaves committing written blocks
+  to the prefix cache to the engine core); it and its KV cache manager (:class:`LoggedKV`) log
+  the calls the step makes, in order;
 * :class:`CoreSetup`, :func:`run_core` and :func:`compare_with_engine_core`.
 """
 
@@ -36,7 +35,6 @@ from minivllm.course.harness import (
     TraceRequest,
     TraceResult,
     expect_same_steps,
-    reporting_steps,
     run_trace,
 )
 from minivllm.metrics import EngineStats
@@ -53,16 +51,13 @@ SUMMARY = ("output_tokens", "mean_ttft_s", "mean_tpot_s", "mean_e2e_s")  # compa
 # --- the parts the cores run on ----------------------------------------------------------------
 class LoggedKV(KVCacheManager):
     """minivllm's paged KV cache manager that logs ``commit`` and ``discard`` (into ``log``,
-    if given) and ignores commits while ``paused``."""
+    if given)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, log: list[str] | None = None):
         super().__init__(num_blocks, block_size, enable_caching)
         self.log = log
-        self.paused = False
 
     def commit_written_blocks(self) -> None:
-        if self.paused:  # called from inside update_from_output: left to the engine core
-            return
         if self.log is not None:
             self.log.append("commit")
         super().commit_written_blocks()
@@ -73,10 +68,9 @@ class LoggedKV(KVCacheManager):
         super().discard_unwritten_blocks()
 
 
-class CoreCommitsScheduler(Scheduler):
-    """minivllm's ``Scheduler``, whose ``update_from_output`` does not commit written blocks to
-    the prefix cache itself: the engine core must (right after the step ran). Runs over a
-    :class:`LoggedKV`, into whose log it writes ``schedule`` and ``update``."""
+class LoggingScheduler(Scheduler):
+    """minivllm's ``Scheduler`` over a :class:`LoggedKV`, into whose log it writes ``schedule``
+    and ``update``. Committing written blocks is the engine core's (right after the step ran)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: LoggedKV):
         if not isinstance(kv_cache_manager, LoggedKV):
@@ -93,14 +87,10 @@ class CoreCommitsScheduler(Scheduler):
 
     def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
         self._log("update")
-        self.kv.paused = True
-        try:
-            return super().update_from_output(sampled_token_ids)
-        finally:
-            self.kv.paused = False
+        return super().update_from_output(sampled_token_ids)
 
 
-class NeverSchedules(CoreCommitsScheduler):
+class NeverSchedules(LoggingScheduler):
     """A scheduler that plans nothing, ever: an engine core must report the stall."""
 
     def schedule(self) -> SchedulerOutput:
@@ -150,10 +140,10 @@ class CoreSetup:
         kv = LoggedKV(self.num_blocks, self.block_size, self.prefix_caching, log)
         config = SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                  max_model_len=self.max_model_len, policy=self.policy)
-        scheduler = (NeverSchedules if self.never_schedules else CoreCommitsScheduler)(config, kv)
+        scheduler = (NeverSchedules if self.never_schedules else LoggingScheduler)(config, kv)
         executor = FakeExecutor(clock, self.seed, self.fail_rows, self.raise_at, self.token_for_failed_rows, log)
         stats = EngineStats(window=self.stats_window)
-        return reporting_steps(core_class)(scheduler, executor, clock=clock, stats=stats, debug_checks=True)
+        return core_class(scheduler, executor, clock=clock, stats=stats, debug_checks=True)
 
 
 def run_core(

@@ -30,7 +30,6 @@ first step and field that differ, with the state before that step; given a live
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -291,28 +290,6 @@ class FakeExecutor:
         return result
 
 
-@functools.lru_cache(maxsize=16)  # one subclass per class (a few: exercise files load afresh)
-def reporting_steps(core_class: Callable[..., EngineCore]) -> type:
-    """``core_class`` made to report every step to its step listeners. minivllm's
-    ``EngineCore.step`` does; a step loop written from scratch (exercise 08 asks for ``step()``
-    without listeners) may not, and then this subclass reports what its ``step()`` returned."""
-
-    class Reporting(core_class):
-        def _notify(self, core_out) -> None:
-            self._reported = core_out
-            super()._notify(core_out)
-
-        def step(self, *args, **kwargs):
-            self._reported = None
-            core_out = super().step(*args, **kwargs)
-            if self._reported is not core_out:
-                self._notify(core_out)
-            return core_out
-
-    Reporting.__name__ = Reporting.__qualname__ = core_class.__name__
-    return Reporting
-
-
 # --- the run --------------------------------------------------------------------------------------
 class TraceRun:
     """Drive ``target`` (an ``LLM``, ``LLMEngine`` or ``EngineCore``) through ``trace``, one
@@ -441,9 +418,9 @@ class TraceRun:
             if len(self.steps) > count:  # compare what the step did before what it raised after
                 yield self.steps[-1]
             raise
-        if len(self.steps) != count + 1:
-            raise RuntimeError(f"{type(self.core).__name__} did not report step {count} to its step "
-                               "listeners; build it with harness.reporting_steps(...)")
+        if len(self.steps) != count + 1:  # EngineCore reports every step loop's step exactly once
+            raise RuntimeError(f"{type(self.core).__name__} reported {len(self.steps) - count} steps to "
+                               f"its step listeners for step {count}; one step() must report one")
         if self.events is not None:
             self.steps[-1].events = list(self.events)
         yield self.steps[-1]
