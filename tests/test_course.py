@@ -14,7 +14,7 @@ import pytest
 from minivllm import course
 from minivllm.cli import main as cli_main
 from minivllm.course import exgen
-from minivllm.course.grading import run_case, run_cases
+from minivllm.course.grading import TODO, run_case, run_cases
 from minivllm.course.loader import load_path
 
 ROOT = course.course_root()
