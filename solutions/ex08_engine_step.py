@@ -46,7 +46,7 @@ class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
     def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        """Run one step and return what it did: an ``StepOutput`` with the plan, the
+        """Run one step and return what it did: a ``StepOutput`` with the plan, the
         step's start and end time (``self.clock()``), the tokens appended (``sampled``), the
         requests that ended (``finished``; those that failed also in ``failed``) and the
         executor's ``logprobs`` and ``prompt_logprobs``.

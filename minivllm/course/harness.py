@@ -136,7 +136,7 @@ class StepRecord:
     computed: list[int]
     tables: list[list[int]]
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) block copies before the step
-    tokens: dict[str, int]  # request -> the token appended (EngineCoreOutput.sampled)
+    tokens: dict[str, int]  # request -> the token appended (StepOutput.sampled)
     preempted: list[str]
     finished: list[str]  # requests that ended in this step, in the order they ended
     statuses: dict[str, str]  # finished request -> its status
@@ -554,12 +554,12 @@ WHAT = {
     "scheduled": "scheduled (request, tokens cached, new tokens, block table)",
     "copies": "copy-on-write (src, dst) block copies",
     "sampled": "requests that sample a token",
-    "tokens": "EngineCoreOutput.sampled (the tokens appended)",
+    "tokens": "StepOutput.sampled (the tokens appended)",
     "preempted": "requests preempted",
-    "failed": "EngineCoreOutput.failed (request ids)",
+    "failed": "StepOutput.failed (request ids)",
     "ended": "requests that ended, (request, status)",
-    "logprobs": "EngineCoreOutput.logprobs",
-    "prompt_logprobs": "EngineCoreOutput.prompt_logprobs",
+    "logprobs": "StepOutput.logprobs",
+    "prompt_logprobs": "StepOutput.prompt_logprobs",
     "times": "(start_time, end_time) of the step",
     "stats": "the StepStats recorded for the step",
     "events": "the calls the step made, in order",

@@ -54,7 +54,7 @@ def _(ex):
 
 # --- what a step does --------------------------------------------------------------------------
 @case(CASES, "tokens appended, requests ended, the executor's logprobs passed on", "StepLoop.step",
-      "the tokens the executor sampled go to scheduler.update_from_output; EngineCoreOutput carries "
+      "the tokens the executor sampled go to scheduler.update_from_output; StepOutput carries "
       "them (sampled), the finished requests, and result.logprobs / result.prompt_logprobs")
 def _(ex):
     trace = [R(f"q{i}", tuple((i + j) % 4 for j in range(3 + 2 * i)), 2 + i % 4, arrival_step=i // 2,
