@@ -112,7 +112,7 @@ LIMIT[throughput]=45;  NEEDS[throughput]="gpu transformers minivllm"
 LIMIT[notebooks]=110;  NEEDS[notebooks]="gpu triton pytest nbval ipykernel matplotlib ipywidgets transformers minivllm"
 CMD[env]="$PY -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p, torch.__version__, torch.version.cuda, triton.__version__)'"
 CMD[kernels]="${PYTEST[*]} tests/kernels --ignore=tests/kernels/test_gpu_compile.py"
-CMD[ex06]="${PYTEST[*]} tests/exercises/test_ex06_triton_kernel.py${EX06_FILTER:+ $EX06_FILTER}"
+CMD[ex06]="${PYTEST[*]} -m ex06 tests/exercises${EX06_FILTER:+ $EX06_FILTER}"  # its notebook cases (test_cases.py) and its module
 CMD[engine]="${PYTEST[*]} -s tests/test_gpu_device.py tests/test_attention_backends.py"
 CMD[attn_bench]="$PY benchmarks/attention_kernels.py --out $OUT/attention_kernels.json --store $OUT/results"
 CMD[throughput]="$PY benchmarks/throughput.py"
