@@ -55,9 +55,12 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.attention.cache_ops:owned_slots",
         "minivllm.attention.cache_ops:gather_slots",
         "minivllm.attention.torch_padded:paged_attention_padded",
+        "minivllm.attention.torch_ragged:plan_step",
+        "minivllm.attention.torch_ragged:length_buckets",
         "minivllm.attention.torch_ragged:decode_attention",
         "minivllm.attention.torch_ragged:prefill_attention",
         "minivllm.attention.torch_ragged:paged_attention_ragged",
+        "minivllm.attention.torch_ragged:TorchAttentionBackend.forward",
     ),
     "ex06_triton_kernel": (
         "minivllm.attention.triton_decode:_paged_decode_kernel",
