@@ -253,8 +253,7 @@ def _(ex):
             "sequences runs its operations once per sequence)")
 
 
-@case(CASES, "work that follows each row's context: a prompt next to decodes; a long decode next "
-      "to short ones", BACKEND,
+@case(CASES, "work that follows each row's context: a prompt, or a long decode, among short ones", BACKEND,
       "do not pad every sequence to the step's longest: decodes apart from prompts, and decodes of "
       "very different lengths apart from each other")
 def _(ex):
