@@ -264,7 +264,8 @@ MUTANTS = [
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),
     # the last, partial block read one slot too far
-    ("ex06_triton_kernel", "logical_block * BLOCK_SIZE + t < seq_len", "logical_block * BLOCK_SIZE + t <= seq_len"),
+    ("ex06_triton_kernel", "in_seq = logical_block * BLOCK_SIZE + t < seq_len  # [BLOCK_SIZE]",
+     "in_seq = logical_block * BLOCK_SIZE + t <= seq_len  # [BLOCK_SIZE]"),
     # the logical block number used as if it were the physical one
     ("ex06_triton_kernel", "k_cache_ptr + physical_block * stride_kb", "k_cache_ptr + logical_block * stride_kb"),
     # every sequence reading the first sequence's block table
@@ -273,6 +274,34 @@ MUTANTS = [
     ("ex06_triton_kernel", "heads = kv_head * GROUP + rows", "heads = rows * tl.num_programs(1) + kv_head"),
     # the softmax scale forgotten
     ("ex06_triton_kernel", 'tl.trans(k), input_precision="ieee") * scale', 'tl.trans(k), input_precision="ieee")'),
+    # ex06, kernel 1: the logical block read as the physical one; every sequence reading the first
+    # one's table; the partial last block read one slot too far; the columns past head_dim copied
+    ("ex06_triton_kernel", "    physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n    src",
+     "    physical = logical_block\n    src"),
+    ("ex06_triton_kernel", "block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n    src",
+     "block_tables_ptr + logical_block).to(tl.int64)\n    src"),
+    ("ex06_triton_kernel", "ok = (pos < seq_len)[:, None]", "ok = (pos <= seq_len)[:, None]"),
+    ("ex06_triton_kernel", "ok = (pos < seq_len)[:, None] & (d < HEAD_DIM)[None, :]", "ok = (pos < seq_len)[:, None]"),
+    # ex06, kernel 2: the scale forgotten; positions' blocks taken as physical; padded positions
+    # scored 0 instead of -inf; query heads paired with KV heads modulo the group
+    ("ex06_triton_kernel", "scores = tl.sum(q[None, :] * k, axis=1) * scale", "scores = tl.sum(q[None, :] * k, axis=1)"),
+    ("ex06_triton_kernel", "block = tl.load(block_tables_ptr + seq * stride_bts + pos // BLOCK_SIZE, mask=in_seq, other=0)",
+     "block = pos // BLOCK_SIZE"),
+    ("ex06_triton_kernel", '    scores = tl.where(in_seq, scores, float("-inf"))\n', ""),
+    ("ex06_triton_kernel", "kv_head = head // GROUP", "kv_head = head % GROUP"),
+    # ex06, kernel 3: the online softmax without rescaling acc, or denom; the maximum never kept
+    ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.sum(p[:, None] * v, axis=0)[None, :]",
+     "acc = acc + tl.sum(p[:, None] * v, axis=0)[None, :]"),
+    ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=0)", "denom = denom + tl.sum(p, axis=0)"),
+    ("ex06_triton_kernel", "        m = m_new\n    out = acc / denom[:, None]\n", "    out = acc / denom[:, None]\n"),
+    # ex06, kernel 4: a split's range one block short; its log-sum-exp without the maximum; an
+    # empty split dividing 0 by 0
+    ("ex06_triton_kernel", "last = tl.minimum(first + blocks_per_split, ", "last = tl.minimum(first + blocks_per_split - 1, "),
+    ("ex06_triton_kernel", "row + tl.arange(0, 1), m + tl.log(denom))", "row + tl.arange(0, 1), tl.log(denom))"),
+    ("ex06_triton_kernel", "    denom = tl.maximum(denom, 1.0)\n", ""),
+    # ex06, the reduction: a plain average of the splits; the weighted sum left unnormalised
+    ("ex06_triton_kernel", "w = tl.exp(lse - tl.max(lse, axis=0))", "w = tl.where(s_ok, 1.0, 0.0)"),
+    ("ex06_triton_kernel", "out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)", "out = tl.sum(w[:, None] * o, axis=0)"),
     # ex05: padding rows (slot -1) stored, at the cache's last slot
     ("ex05_paged_attention_ref", "keep = meta.slot_mapping >= 0",
      "keep = torch.ones_like(meta.slot_mapping, dtype=torch.bool)"),

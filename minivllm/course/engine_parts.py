@@ -64,6 +64,7 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
     ),
     "ex06_triton_kernel": (
         "minivllm.attention.triton_decode:_paged_decode_kernel",
+        "minivllm.attention.triton_decode:load_kv_block",
         "minivllm.attention.triton_decode:online_softmax_step",
         "minivllm.attention.triton_decode:_merge_splits_kernel",
     ),
