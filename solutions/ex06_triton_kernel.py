@@ -69,13 +69,13 @@ def load_block_kernel(
     seq = tl.program_id(0)
     logical_block = tl.program_id(1)
     kv_head = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    t = tl.arange(0, BLOCK_SIZE)
+    length = tl.load(seq_lens_ptr + seq)
+    slot = tl.arange(0, BLOCK_SIZE)
     d = tl.arange(0, BLOCK_D)
-    pos = logical_block * BLOCK_SIZE + t
-    ok = (pos < seq_len)[:, None] & (d < HEAD_DIM)[None, :]
+    pos = logical_block * BLOCK_SIZE + slot
+    ok = (pos < length)[:, None] & (d < HEAD_DIM)[None, :]
     physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)
-    src = cache_ptr + physical * stride_cb + t[:, None] * stride_ct + kv_head * stride_ch
+    src = cache_ptr + physical * stride_cb + slot[:, None] * stride_ct + kv_head * stride_ch
     x = tl.load(src + d[None, :] * stride_cd, mask=ok)
     dst = out_ptr + seq * stride_os + pos[:, None] * stride_ot + kv_head * stride_oh
     tl.store(dst + d[None, :] * stride_od, x, mask=ok)
@@ -122,16 +122,16 @@ def attend_whole_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
-    seq_len = tl.load(seq_lens_ptr + seq)
+    length = tl.load(seq_lens_ptr + seq)
     pos = tl.arange(0, SEQ_PAD)
     d = tl.arange(0, BLOCK_D)
-    in_seq = pos < seq_len
+    in_seq = pos < length
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + seq * stride_qs + head * stride_qh + d * stride_qd, mask=d_ok, other=0.0)
     q = q.to(tl.float32)
     block = tl.load(block_tables_ptr + seq * stride_bts + pos // BLOCK_SIZE, mask=in_seq, other=0)
     where = (block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt)[:, None] \
-        + kv_head * stride_kh + d[None, :] * stride_kd
+        + (kv_head * stride_kh + d * stride_kd)[None, :]
     ok = in_seq[:, None] & d_ok[None, :]
     k = tl.load(k_cache_ptr + where, mask=ok, other=0.0).to(tl.float32)  # [SEQ_PAD, BLOCK_D]
     v = tl.load(v_cache_ptr + where, mask=ok, other=0.0).to(tl.float32)
@@ -179,8 +179,8 @@ def attend_blocks_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
-    seq_len = tl.load(seq_lens_ptr + seq)
-    t = tl.arange(0, BLOCK_SIZE)
+    length = tl.load(seq_lens_ptr + seq)
+    slot = tl.arange(0, BLOCK_SIZE)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + seq * stride_qs + head * stride_qh + d * stride_qd, mask=d_ok, other=0.0)
@@ -188,13 +188,13 @@ def attend_blocks_kernel(
     m = tl.full([1], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
-    in_block = t[:, None] * stride_kt + kv_head * stride_kh + d[None, :] * stride_kd
-    for logical_block in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
+    slot_offsets = slot[:, None] * stride_kt + kv_head * stride_kh + d[None, :] * stride_kd
+    for logical_block in range(0, tl.cdiv(length, BLOCK_SIZE)):
         physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)
-        in_seq = logical_block * BLOCK_SIZE + t < seq_len
+        in_seq = logical_block * BLOCK_SIZE + slot < length
         ok = in_seq[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + physical * stride_kb + in_block, mask=ok, other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + physical * stride_kb + in_block, mask=ok, other=0.0).to(tl.float32)
+        k = tl.load(k_cache_ptr + physical * stride_kb + slot_offsets, mask=ok, other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + physical * stride_kb + slot_offsets, mask=ok, other=0.0).to(tl.float32)
         scores = tl.where(in_seq, tl.sum(q * k, axis=1) * scale, float("-inf"))  # [BLOCK_SIZE]
         m_new = tl.maximum(m, tl.max(scores, axis=0))
         alpha = tl.exp(m - m_new)
@@ -202,9 +202,9 @@ def attend_blocks_kernel(
         denom = denom * alpha + tl.sum(p, axis=0)
         acc = acc * alpha[:, None] + tl.sum(p[:, None] * v, axis=0)[None, :]
         m = m_new
-    out = acc / denom[:, None]
+    result = acc / denom[:, None]
     tl.store(out_ptr + seq * stride_os + head * stride_oh + d[None, :] * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=d_ok[None, :])
+             result.to(out_ptr.dtype.element_ty), mask=d_ok[None, :])
     # END SOLUTION
 
 
@@ -247,8 +247,8 @@ def split_kernel(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     kv_head = head // GROUP
-    seq_len = tl.load(seq_lens_ptr + seq)
-    t = tl.arange(0, BLOCK_SIZE)
+    length = tl.load(seq_lens_ptr + seq)
+    slot = tl.arange(0, BLOCK_SIZE)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + seq * stride_qs + head * stride_qh + d * stride_qd, mask=d_ok, other=0.0)
@@ -256,15 +256,15 @@ def split_kernel(
     m = tl.full([1], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
-    in_block = t[:, None] * stride_kt + kv_head * stride_kh + d[None, :] * stride_kd
+    slot_offsets = slot[:, None] * stride_kt + kv_head * stride_kh + d[None, :] * stride_kd
     first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, tl.cdiv(seq_len, BLOCK_SIZE))
+    last = tl.minimum(first + blocks_per_split, tl.cdiv(length, BLOCK_SIZE))
     for logical_block in range(first, last):
         physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)
-        in_seq = logical_block * BLOCK_SIZE + t < seq_len
+        in_seq = logical_block * BLOCK_SIZE + slot < length
         ok = in_seq[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + physical * stride_kb + in_block, mask=ok, other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + physical * stride_kb + in_block, mask=ok, other=0.0).to(tl.float32)
+        k = tl.load(k_cache_ptr + physical * stride_kb + slot_offsets, mask=ok, other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + physical * stride_kb + slot_offsets, mask=ok, other=0.0).to(tl.float32)
         scores = tl.where(in_seq, tl.sum(q * k, axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
         alpha = tl.exp(m - m_new)

@@ -280,8 +280,8 @@ MUTANTS = [
      "    physical = logical_block\n    src"),
     ("ex06_triton_kernel", "block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n    src",
      "block_tables_ptr + logical_block).to(tl.int64)\n    src"),
-    ("ex06_triton_kernel", "ok = (pos < seq_len)[:, None]", "ok = (pos <= seq_len)[:, None]"),
-    ("ex06_triton_kernel", "ok = (pos < seq_len)[:, None] & (d < HEAD_DIM)[None, :]", "ok = (pos < seq_len)[:, None]"),
+    ("ex06_triton_kernel", "ok = (pos < length)[:, None]", "ok = (pos <= length)[:, None]"),
+    ("ex06_triton_kernel", "ok = (pos < length)[:, None] & (d < HEAD_DIM)[None, :]", "ok = (pos < length)[:, None]"),
     # ex06, kernel 2: the scale forgotten; positions' blocks taken as physical; padded positions
     # scored 0 instead of -inf; query heads paired with KV heads modulo the group
     ("ex06_triton_kernel", "scores = tl.sum(q[None, :] * k, axis=1) * scale", "scores = tl.sum(q[None, :] * k, axis=1)"),
@@ -293,7 +293,7 @@ MUTANTS = [
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.sum(p[:, None] * v, axis=0)[None, :]",
      "acc = acc + tl.sum(p[:, None] * v, axis=0)[None, :]"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=0)", "denom = denom + tl.sum(p, axis=0)"),
-    ("ex06_triton_kernel", "        m = m_new\n    out = acc / denom[:, None]\n", "    out = acc / denom[:, None]\n"),
+    ("ex06_triton_kernel", "        m = m_new\n    result = acc / denom[:, None]\n", "    result = acc / denom[:, None]\n"),
     # ex06, kernel 4: a split's range one block short; its log-sum-exp without the maximum; an
     # empty split dividing 0 by 0
     ("ex06_triton_kernel", "last = tl.minimum(first + blocks_per_split, ", "last = tl.minimum(first + blocks_per_split - 1, "),
