@@ -2,29 +2,65 @@
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
 # `minivllm grade ex05` or `pytest -m ex05`. Stuck? `course.hint("ex05")` in the
 # notebook (or `minivllm hint ex05`) gives a hint, one at a time.
-"""Exercise 05: PagedAttention in plain PyTorch, as an attention backend the engine can use.
+"""Exercise 05: a ragged attention backend over the paged KV cache, in plain PyTorch.
 
 Notebook: notebooks/05_paged_attention_torch.ipynb. Check your work with
 ``course.check(course.load("ex05_paged_attention_ref"))`` there, or ``pytest -m ex05``.
 
-In every step the engine hands each attention layer one *flat batch*: the new tokens of all
-scheduled sequences, one sequence after another (a decode brings one token, a prompt or a
-prompt chunk several), together with an :class:`AttentionMetadata` that says which rows belong
-to which sequence (``query_start_loc``), how many tokens each sequence has once this step's are
-in (``seq_lens``), where its blocks are (``block_tables``) and where each new token's K/V goes
-(``slot_mapping``). A backend stores the new K/V, then lets each sequence's new tokens attend,
-causally, to everything that sequence has in the cache, its own new tokens included.
+You write ``PagedAttentionBackend.forward``: the ``AttentionBackend`` protocol of
+``minivllm/attention/__init__.py``. ``LLM(attention_backend=PagedAttentionBackend())`` then
+calls it in every attention layer of every step, with
 
-You write four functions; the backend class at the bottom is given. It checks the shapes,
-walks the flat batch one sequence at a time and calls them:
+* ``query [T, H, D]``, ``key [T, KVH, D]``, ``value [T, KVH, D]``: the step's *flat batch*, the
+  new tokens of every scheduled sequence one sequence after another, no padding between them
+  (a decode brings one token, a prompt or a prompt chunk several);
+* ``k_cache``, ``v_cache [num_blocks, block_size, KVH, D]``: this layer's paged cache;
+* ``meta`` (:class:`AttentionMetadata`): sequence ``i`` owns rows
+  ``query_start_loc[i] .. query_start_loc[i + 1] - 1``; ``seq_lens[i]`` counts its tokens once
+  this step's are stored, so its new tokens are its *last* ``query_len`` positions; its logical
+  block ``j`` is physical block ``block_tables[i, j]``; row ``t``'s K/V goes to slot
+  ``slot_mapping[t] = block * block_size + offset`` (``-1``: a padding row, stored nowhere);
+  ``query_lens_cpu`` / ``seq_lens_cpu`` hold the lengths as Python lists;
+* ``scale``: the softmax scale.
 
-* ``write_kv``: store the step's new K/V rows in the paged cache through the slot mapping;
-* ``gather_context``: read one sequence's K (or V) back, in logical order, through its block table;
-* ``causal_mask``: which cached positions each new token of a sequence may attend to;
-* ``grouped_attention``: softmax attention where several query heads share one KV head
-  (grouped-query attention), without copying K/V once per query head.
+**What forward must do.** Store every row's K/V at its slot (cast to the cache's dtype; rows
+with slot ``-1`` nowhere), then return ``[T, H, D]`` in the query's dtype: row ``t``, the new
+token at position ``p`` of sequence ``i``, is causal softmax attention of ``query[t]`` over
+positions ``0 .. p`` of sequence ``i``, wherever their K/V lie (earlier steps, a prefix-cache
+hit, earlier in this step). Query head ``h`` reads KV head ``h // (H // KVH)``.
 
-Then ``PagedAttentionBackend()`` serves the tiny model: ``LLM(attention_backend=...)``.
+**Invariants the checks hold you to.**
+
+1. Only what a sequence owns reaches its rows. Sequence ``i`` owns the first
+   ``meta.readable_lens()[i]`` positions of its table (``seq_len`` less its padding rows, whose
+   slots are never written). Every other slot may hold anything, NaN and inf included: the rest
+   of a last block, blocks past a sequence's table, other sequences' and free blocks, the
+   positions of padding rows. A score masked to ``-inf`` is not enough when the value it masks
+   still gets multiplied: ``0 * NaN`` is NaN.
+2. Decode rows are computed together: the PyTorch operations one call runs do not grow with the
+   number of decode rows (a loop over sequences runs its operations once per sequence).
+   Sequences with several new tokens (prompts, chunks) may be handled one at a time.
+3. The work follows each row's own context: a call does at most twice the multiply-adds its rows
+   need, ``sum over sequences of 2 * H * D * query_len * (seq_len rounded up to whole blocks)``
+   (scores, then the weighted sum of values). A prompt in the step must not stretch the decodes,
+   nor one long decode the short ones. Compute scores and weighted sums with matrix products
+   (``@``, ``matmul``, ``einsum``, ``bmm``) or ``scaled_dot_product_attention``: the checks count
+   those (``minivllm/course/work.py``).
+4. Grouped-query attention without copies: K and V are never repeated once per query head
+   (a copy ``H / KVH`` times the size of what the step reads, in every layer).
+5. Your own code, in PyTorch: none of minivllm's attention backends or their helpers
+   (``minivllm.attention``'s ``cache_ops``, ``torch_ragged``, ``torch_padded``, the Triton
+   kernels) in this file.
+
+**One step, worked.** Blocks of 4 slots, two sequences. Sequence 0 decodes one token after 5
+cached (``seq_len`` 6, block table ``[3, 0]``); sequence 1 brings a chunk of 3 tokens after 2
+cached (``seq_len`` 5, table ``[1, 4]``). Then ``T = 4``, ``query_start_loc = [0, 1, 4]``,
+``seq_lens = [6, 5]`` and ``slot_mapping = [1, 6, 7, 16]`` (sequence 0's position 5 is logical
+block 1, offset 1: physical block 0, slot 1; sequence 1's positions 2, 3, 4 are slots 6, 7 of
+block 1 and slot 16 of block 4). Row 0 attends to sequence 0's positions 0..5, slots
+``[12, 13, 14, 15, 0, 1]``; row 2 (position 3 of sequence 1) to positions 0..3, slots
+``[4, 5, 6, 7]``, and not to position 4 (slot 16), which comes after it. Slots 2 and 3 (the tail
+of sequence 0's last block) and 17..19 belong to nobody.
 """
 
 from __future__ import annotations
@@ -36,69 +72,8 @@ from minivllm.attention.metadata import AttentionMetadata
 NOTEBOOK = "notebooks/05_paged_attention_torch.ipynb"
 
 
-def write_kv(
-    key: torch.Tensor,  # [T, KVH, D] this step's new keys, one row per token of the flat batch
-    value: torch.Tensor,  # [T, KVH, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], written in place
-    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], written in place
-    slot_mapping: torch.Tensor,  # [T] int64: slot = block * block_size + offset; -1 = padding
-) -> None:
-    """Store row ``t`` of ``key`` and ``value`` at slot ``slot_mapping[t]`` of the caches, cast
-    to the cache's dtype. Rows whose slot is ``-1`` (padding that a static batch computes and
-    throws away) are not stored anywhere."""
-    raise NotImplementedError("ex05 write_kv: Store row ``t`` of ``key`` and ``value`` at slot ``slot_mapping[t]`` of the caches, cast to the cache's dtype. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
-
-
-def gather_context(
-    cache: torch.Tensor,  # [num_blocks, block_size, KVH, D] the K cache or the V cache
-    block_table: torch.Tensor,  # [max_blocks] int32: logical block j -> physical block
-    seq_len: int,  # tokens this sequence has in the cache
-) -> torch.Tensor:
-    """Return ``[seq_len, KVH, D]``: positions ``0 .. seq_len - 1`` of one sequence, in order.
-
-    Entries of ``block_table`` past the sequence's last block are padding (0), and the slots of
-    its last block past ``seq_len`` belong to nobody: they hold whatever was there before.
-    """
-    raise NotImplementedError("ex05 gather_context: Return ``[seq_len, KVH, D]``: positions ``0 .. seq_len - 1`` of one sequence, in order. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
-
-
-def causal_mask(
-    query_len: int, seq_len: int, device: torch.device | str | None = None
-) -> torch.Tensor:
-    """Return ``[query_len, seq_len]`` bool: may new token ``j`` attend to position ``p``?
-
-    The ``query_len`` new tokens are the sequence's *last* positions (the ones before them were
-    cached by earlier steps: an earlier chunk of the prompt, a prefix-cache hit, the tokens
-    decoded so far). A token attends to every position up to and including its own.
-    """
-    raise NotImplementedError("ex05 causal_mask: Return ``[query_len, seq_len]`` bool: may new token ``j`` attend to position ``p``? Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
-
-
-def grouped_attention(
-    q: torch.Tensor,  # [n, H, D] the queries of one sequence's new tokens
-    k: torch.Tensor,  # [L, KVH, D] the sequence's keys, positions 0 .. L-1
-    v: torch.Tensor,  # [L, KVH, D]
-    mask: torch.Tensor,  # [n, L] bool: True where query row i may attend to key position p
-    scale: float,  # the softmax scale, usually D ** -0.5
-) -> torch.Tensor:
-    """``softmax(q k^T * scale, masked) v`` per query head; returns ``[n, H, D]``.
-
-    Grouped-query attention: query head ``h`` reads KV head ``h // (H // KVH)`` (heads
-    ``0 .. H/KVH - 1`` share KV head 0, the next ``H/KVH`` share KV head 1, ...). Each KV head
-    is used as it is, for all the query heads of its group at once: no copy of K or V per
-    query head (that copy is what makes a naive GQA implementation move ``H / KVH`` times the
-    bytes). Every query row has at least one position it may attend to.
-    """
-    raise NotImplementedError("ex05 grouped_attention: ``softmax(q k^T * scale, masked) v`` per query head; returns ``[n, H, D]``. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
-
-
 class PagedAttentionBackend:
-    """An attention backend for the engine: ``LLM(attention_backend=PagedAttentionBackend())``.
-
-    Given (not part of the exercise): the shape checks and the walk over the flat batch. Each
-    sequence is handled on its own, decode or prompt alike: its rows of the flat batch attend to
-    its whole context, gathered through its block table.
-    """
+    """An attention backend for the engine: ``LLM(attention_backend=PagedAttentionBackend())``."""
 
     name = "ex05-paged-attention"
 
@@ -107,28 +82,20 @@ class PagedAttentionBackend:
         query: torch.Tensor,  # [T, H, D]
         key: torch.Tensor,  # [T, KVH, D]
         value: torch.Tensor,  # [T, KVH, D]
-        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], written in place
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Store the step's new K/V, then attend; returns ``[T, H, D]`` in the query's dtype."""
+        """Store the step's new K/V through ``meta.slot_mapping``, then return every row's
+        causal attention over its own sequence: ``[T, H, D]`` in the query's dtype.
+
+        The contract, its invariants and a worked step are in this module's docstring. Given:
+        ``query_lens`` and ``seq_lens`` as Python lists, and the inputs' shapes checked.
+        """
         query_lens, seq_lens = host_lengths(meta)
         check_shapes(query, key, value, k_cache, v_cache, query_lens, seq_lens)
-        write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(query)
-        start = 0
-        for seq, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
-            rows = slice(start, start + query_len)  # this sequence's rows of the flat batch
-            start += query_len
-            if query_len == 0:
-                continue
-            table = meta.block_tables[seq]
-            k = gather_context(k_cache, table, seq_len).to(query.dtype)  # [seq_len, KVH, D]
-            v = gather_context(v_cache, table, seq_len).to(query.dtype)
-            mask = causal_mask(query_len, seq_len, query.device)  # [query_len, seq_len]
-            out[rows] = grouped_attention(query[rows], k, v, mask, scale)
-        return out
+        raise NotImplementedError("ex05 PagedAttentionBackend.forward: What it must do is in its docstring. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
 
 
 def host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:

@@ -2,22 +2,33 @@
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
 # `minivllm grade ex06` or `pytest -m ex06`. Stuck? `course.hint("ex06")` in the
 # notebook (or `minivllm hint ex06`) gives a hint, one at a time.
-"""Exercise 06: the inner loop of a paged decode-attention kernel, written in Triton.
+"""Exercise 06: PagedAttention for decode in Triton, built as a ladder of kernels.
 
 Notebook: notebooks/06_paged_attention_triton.ipynb. Check your work with
 ``course.check(course.load("ex06_triton_kernel"))`` there, or ``pytest -m ex06``.
 
-Decode attention: each sequence has one new query token and ``seq_len`` cached tokens whose
-keys and values sit in fixed-size blocks scattered over the paged KV cache. The kernel below
-runs one program per (sequence, KV head). The program holds the query heads that share its KV
-head (grouped-query attention) as the rows of one small tile, walks the sequence's blocks in
-logical order, and keeps a running softmax over them, so it never gathers the sequence into one
-tensor and never holds more than one block of scores.
+Decode attention: sequence ``i`` has one new query, ``q[i]`` (``[num_heads, head_dim]``), and
+``seq_lens[i]`` tokens in the paged KV cache ``[num_blocks, block_size, num_kv_heads, head_dim]``:
+its position ``p`` lives in physical block ``block_tables[i, p // block_size]``, at offset
+``p % block_size``. Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``. Every slot
+a sequence does not own (past ``seq_len`` in its last block, other blocks, padding entries of its
+table) may hold anything, NaN included: the checks fill them with NaN.
 
-Everything around the loop is given: the program ids, the query tile, the offsets of one
-slot inside a cache block, the initial softmax state, the final normalisation, the launch
-wrapper and an attention backend that lets the engine use the kernel. The loop body is yours.
-It runs in the Triton interpreter on a CPU (slowly: keep your tests small) and compiled on a GPU.
+Five kernels, each one step further; each body is yours, each launch wrapper is given. A
+kernel's docstring says what one program computes.
+
+1. ``load_block_kernel``: one block of one sequence, found through the block table, copied out.
+2. ``attend_whole_kernel``: one query head over its whole sequence, in one tile of positions.
+3. ``attend_blocks_kernel``: the same, walking the sequence block by block with an online
+   softmax, so that no tile has to hold a whole sequence.
+4. ``split_kernel`` and ``merge_kernel``: several programs per (sequence, head), each over a
+   range of blocks, then a reduction of their partial answers (split-KV).
+5. ``paged_decode_kernel``: the decode kernel the engine runs, one program per (sequence, KV
+   head) for all the query heads of its group, with ``tl.dot``. ``PagedDecodeBackend`` (given)
+   serves the tiny model with it.
+
+They run in the Triton interpreter on a CPU (slowly: keep your own tests small) and compiled on
+a GPU. On a GPU a tile's sizes must be powers of two, and ``tl.dot`` needs ``>= 16`` per side.
 """
 
 from __future__ import annotations
@@ -39,6 +50,175 @@ NOTEBOOK = "notebooks/06_paged_attention_triton.ipynb"
 MIN_TILE = 16  # a GPU's tl.dot needs every tile dimension >= 16
 
 
+# --- 1. one block through the block table -------------------------------------------------------
+@triton.jit
+def load_block_kernel(
+    out_ptr,  # [num_seqs, max_blocks * BLOCK_SIZE, num_kv_heads, head_dim], contiguous
+    cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, head_dim]
+    block_tables_ptr,  # [num_seqs, max_blocks] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    stride_cb, stride_ct, stride_ch, stride_cd,
+    stride_bts,
+    stride_os, stride_ot, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two; extra columns masked
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Program ``(seq, logical_block, kv_head)``: copy the sequence's positions
+    ``logical_block * BLOCK_SIZE ..`` (those ``< seq_len``) of KV head ``kv_head`` to
+    ``out[seq, position, kv_head, :]``. Write nothing else: every other entry of ``out`` keeps
+    what it held. Example: blocks of 4, table ``[5, 0]``, ``seq_len`` 6: program
+    ``(0, 1, h)`` copies slots 0 and 1 of physical block 0 to positions 4 and 5."""
+    raise NotImplementedError("ex06 load_block_kernel: What it must do is in its docstring. Yours to write; stuck? course.hint('ex06') (notebooks/06_paged_attention_triton.ipynb)")
+
+
+def load_blocks(cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Every sequence's positions, copied out through its table by ``load_block_kernel``:
+    ``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]``, zero past each ``seq_len``."""
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    num_seqs, max_blocks = block_tables.shape
+    out = torch.zeros(num_seqs, max_blocks * block_size, num_kv_heads, head_dim, dtype=cache.dtype,
+                      device=cache.device)
+    _launch(load_block_kernel, (num_seqs, max_blocks, num_kv_heads), out, cache, block_tables, seq_lens,
+            *cache.stride(), block_tables.stride(0), *out.stride(),
+            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size)
+    return out
+
+
+# --- 2. one query head over one sequence, in one tile ---------------------------------------------
+@triton.jit
+def attend_whole_kernel(
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    q_ptr,  # [num_seqs, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, head_dim]
+    v_cache_ptr,  # the same layout and strides as k_cache
+    block_tables_ptr,  # [num_seqs, max_blocks] int32
+    seq_lens_ptr,  # [num_seqs] int32, each <= SEQ_PAD
+    scale,
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_bts,
+    stride_os, stride_oh, stride_od,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SEQ_PAD: tl.constexpr,  # the longest seq_len rounded up to a power of two: one tile of positions
+):
+    """Program ``(seq, head)``: ``out[seq, head] = softmax(q k^T * scale) v`` over the sequence's
+    ``seq_len`` positions, all loaded as one ``[SEQ_PAD, BLOCK_D]`` tile, each position from the
+    block its table names. The softmax needs the largest score before any exponential."""
+    raise NotImplementedError("ex06 attend_whole_kernel: What it must do is in its docstring. Yours to write; stuck? course.hint('ex06') (notebooks/06_paged_attention_triton.ipynb)")
+
+
+def attend_whole(q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    """``[num_seqs, num_heads, head_dim]`` by ``attend_whole_kernel``, one program per (sequence,
+    query head); ``seq_lens`` is read once on the host to size the tile."""
+    _check_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    _launch(attend_whole_kernel, (num_seqs, num_heads), out, q, k_cache, v_cache, block_tables, seq_lens,
+            scale, *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
+            GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1],
+            SEQ_PAD=max(16, triton.next_power_of_2(int(seq_lens.max()))))
+    return out
+
+
+# --- 3. block by block, with an online softmax ----------------------------------------------------
+@triton.jit
+def attend_blocks_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,  # as attend_whole
+    scale,
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_bts,
+    stride_os, stride_oh, stride_od,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Program ``(seq, head)``: the same answer as ``attend_whole_kernel``, but no tile larger than
+    one block: walk the sequence's blocks in logical order, keeping only a running state (the
+    largest score so far, and sums that can be corrected when it grows). Any length works."""
+    raise NotImplementedError("ex06 attend_blocks_kernel: What it must do is in its docstring. Yours to write; stuck? course.hint('ex06') (notebooks/06_paged_attention_triton.ipynb)")
+
+
+def attend_by_blocks(q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    """``[num_seqs, num_heads, head_dim]`` by ``attend_blocks_kernel``, one program per (sequence,
+    query head)."""
+    _check_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    _launch(attend_blocks_kernel, (num_seqs, num_heads), out, q, k_cache, v_cache, block_tables, seq_lens,
+            scale, *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
+            GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1])
+    return out
+
+
+# --- 4. split-KV: ranges of blocks, then a reduction -----------------------------------------------
+@triton.jit
+def split_kernel(
+    partial_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32, contiguous
+    partial_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, contiguous
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,  # as attend_whole
+    scale,
+    blocks_per_split,  # split s covers logical blocks s * blocks_per_split .. (s + 1) * ... - 1
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_bts,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Program ``(seq, head, split)``: attention over the split's range of the sequence's blocks
+    only. Write its normalised output (``softmax`` over the range, times ``v``) and its
+    log-sum-exp, ``log(sum of exp(score))`` over the range. A range past the sequence's end is
+    empty: its log-sum-exp is ``-inf`` and its output must not be NaN (write 0)."""
+    raise NotImplementedError("ex06 split_kernel: Program ``(seq, head, split)``: attention over the split's range of the sequence's blocks only. Yours to write; stuck? course.hint('ex06') (notebooks/06_paged_attention_triton.ipynb)")
+
+
+@triton.jit
+def merge_kernel(
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    partial_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32, contiguous
+    partial_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, contiguous
+    num_splits,
+    stride_os, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
+):
+    """Program ``(seq, head)``: the attention over all the sequence's blocks, from its splits'
+    outputs and log-sum-exps: each split's answer weighted by its share of the softmax mass."""
+    raise NotImplementedError("ex06 merge_kernel: What it must do is in its docstring. Yours to write; stuck? course.hint('ex06') (notebooks/06_paged_attention_triton.ipynb)")
+
+
+def attend_split(q, k_cache, v_cache, block_tables, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
+    """``[num_seqs, num_heads, head_dim]``: ``split_kernel`` on a grid of (sequence, query head,
+    split), each split ``ceil(max_blocks / num_splits)`` blocks, then ``merge_kernel``."""
+    _check_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    num_seqs, num_heads, head_dim = q.shape
+    blocks_per_split = -(-block_tables.shape[1] // num_splits)
+    partial_out = torch.zeros(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    partial_lse = torch.zeros(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(head_dim)
+    _launch(split_kernel, (num_seqs, num_heads, num_splits), partial_out, partial_lse, q, k_cache, v_cache,
+            block_tables, seq_lens, scale, blocks_per_split, *q.stride(), *k_cache.stride(),
+            block_tables.stride(0), GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
+            BLOCK_D=block_d, BLOCK_SIZE=k_cache.shape[1])
+    out = torch.empty_like(q)
+    _launch(merge_kernel, (num_seqs, num_heads), out, partial_out, partial_lse, num_splits, *out.stride(),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS_PAD=triton.next_power_of_2(num_splits))
+    return out
+
+
+# --- 5. the decode kernel the engine runs -----------------------------------------------------------
 @triton.jit
 def paged_decode_kernel(
     out_ptr,  # [num_seqs, num_heads, head_dim]
@@ -117,21 +297,24 @@ def paged_decode(
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    grid = (num_seqs, num_kv_heads)
-    try:
-        paged_decode_kernel[grid](
+    _launch(paged_decode_kernel, (num_seqs, num_kv_heads),
             out, q, k_cache, v_cache, block_tables, seq_lens, scale,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0), *out.stride(),
             GROUP=group,
             GROUP_PAD=max(MIN_TILE, triton.next_power_of_2(group)),
             HEAD_DIM=head_dim,
             BLOCK_D=max(MIN_TILE, triton.next_power_of_2(head_dim)),
-            BLOCK_SIZE=k_cache.shape[1],
-        )
+            BLOCK_SIZE=k_cache.shape[1])
+    return out
+
+
+def _launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
+    """``kernel[grid](*args, **constants)``, reporting a stub's ``NotImplementedError`` as such."""
+    try:
+        kernel[grid](*args, **constants)
     except (InterpreterError, CompilationError) as err:
         _raise_stub_error(err)
         raise
-    return out
 
 
 def _raise_stub_error(err: Exception) -> None:

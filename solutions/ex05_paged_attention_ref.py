@@ -1,26 +1,62 @@
-"""Exercise 05: PagedAttention in plain PyTorch, as an attention backend the engine can use.
+"""Exercise 05: a ragged attention backend over the paged KV cache, in plain PyTorch.
 
 Notebook: notebooks/05_paged_attention_torch.ipynb. Check your work with
 ``course.check(course.load("ex05_paged_attention_ref"))`` there, or ``pytest -m ex05``.
 
-In every step the engine hands each attention layer one *flat batch*: the new tokens of all
-scheduled sequences, one sequence after another (a decode brings one token, a prompt or a
-prompt chunk several), together with an :class:`AttentionMetadata` that says which rows belong
-to which sequence (``query_start_loc``), how many tokens each sequence has once this step's are
-in (``seq_lens``), where its blocks are (``block_tables``) and where each new token's K/V goes
-(``slot_mapping``). A backend stores the new K/V, then lets each sequence's new tokens attend,
-causally, to everything that sequence has in the cache, its own new tokens included.
+You write ``PagedAttentionBackend.forward``: the ``AttentionBackend`` protocol of
+``minivllm/attention/__init__.py``. ``LLM(attention_backend=PagedAttentionBackend())`` then
+calls it in every attention layer of every step, with
 
-You write four functions; the backend class at the bottom is given. It checks the shapes,
-walks the flat batch one sequence at a time and calls them:
+* ``query [T, H, D]``, ``key [T, KVH, D]``, ``value [T, KVH, D]``: the step's *flat batch*, the
+  new tokens of every scheduled sequence one sequence after another, no padding between them
+  (a decode brings one token, a prompt or a prompt chunk several);
+* ``k_cache``, ``v_cache [num_blocks, block_size, KVH, D]``: this layer's paged cache;
+* ``meta`` (:class:`AttentionMetadata`): sequence ``i`` owns rows
+  ``query_start_loc[i] .. query_start_loc[i + 1] - 1``; ``seq_lens[i]`` counts its tokens once
+  this step's are stored, so its new tokens are its *last* ``query_len`` positions; its logical
+  block ``j`` is physical block ``block_tables[i, j]``; row ``t``'s K/V goes to slot
+  ``slot_mapping[t] = block * block_size + offset`` (``-1``: a padding row, stored nowhere);
+  ``query_lens_cpu`` / ``seq_lens_cpu`` hold the lengths as Python lists;
+* ``scale``: the softmax scale.
 
-* ``write_kv``: store the step's new K/V rows in the paged cache through the slot mapping;
-* ``gather_context``: read one sequence's K (or V) back, in logical order, through its block table;
-* ``causal_mask``: which cached positions each new token of a sequence may attend to;
-* ``grouped_attention``: softmax attention where several query heads share one KV head
-  (grouped-query attention), without copying K/V once per query head.
+**What forward must do.** Store every row's K/V at its slot (cast to the cache's dtype; rows
+with slot ``-1`` nowhere), then return ``[T, H, D]`` in the query's dtype: row ``t``, the new
+token at position ``p`` of sequence ``i``, is causal softmax attention of ``query[t]`` over
+positions ``0 .. p`` of sequence ``i``, wherever their K/V lie (earlier steps, a prefix-cache
+hit, earlier in this step). Query head ``h`` reads KV head ``h // (H // KVH)``.
 
-Then ``PagedAttentionBackend()`` serves the tiny model: ``LLM(attention_backend=...)``.
+**Invariants the checks hold you to.**
+
+1. Only what a sequence owns reaches its rows. Sequence ``i`` owns the first
+   ``meta.readable_lens()[i]`` positions of its table (``seq_len`` less its padding rows, whose
+   slots are never written). Every other slot may hold anything, NaN and inf included: the rest
+   of a last block, blocks past a sequence's table, other sequences' and free blocks, the
+   positions of padding rows. A score masked to ``-inf`` is not enough when the value it masks
+   still gets multiplied: ``0 * NaN`` is NaN.
+2. Decode rows are computed together: the PyTorch operations one call runs do not grow with the
+   number of decode rows (a loop over sequences runs its operations once per sequence).
+   Sequences with several new tokens (prompts, chunks) may be handled one at a time.
+3. The work follows each row's own context: a call does at most twice the multiply-adds its rows
+   need, ``sum over sequences of 2 * H * D * query_len * (seq_len rounded up to whole blocks)``
+   (scores, then the weighted sum of values). A prompt in the step must not stretch the decodes,
+   nor one long decode the short ones. Compute scores and weighted sums with matrix products
+   (``@``, ``matmul``, ``einsum``, ``bmm``) or ``scaled_dot_product_attention``: the checks count
+   those (``minivllm/course/work.py``).
+4. Grouped-query attention without copies: K and V are never repeated once per query head
+   (a copy ``H / KVH`` times the size of what the step reads, in every layer).
+5. Your own code, in PyTorch: none of minivllm's attention backends or their helpers
+   (``minivllm.attention``'s ``cache_ops``, ``torch_ragged``, ``torch_padded``, the Triton
+   kernels) in this file.
+
+**One step, worked.** Blocks of 4 slots, two sequences. Sequence 0 decodes one token after 5
+cached (``seq_len`` 6, block table ``[3, 0]``); sequence 1 brings a chunk of 3 tokens after 2
+cached (``seq_len`` 5, table ``[1, 4]``). Then ``T = 4``, ``query_start_loc = [0, 1, 4]``,
+``seq_lens = [6, 5]`` and ``slot_mapping = [1, 6, 7, 16]`` (sequence 0's position 5 is logical
+block 1, offset 1: physical block 0, slot 1; sequence 1's positions 2, 3, 4 are slots 6, 7 of
+block 1 and slot 16 of block 4). Row 0 attends to sequence 0's positions 0..5, slots
+``[12, 13, 14, 15, 0, 1]``; row 2 (position 3 of sequence 1) to positions 0..3, slots
+``[4, 5, 6, 7]``, and not to position 4 (slot 16), which comes after it. Slots 2 and 3 (the tail
+of sequence 0's last block) and 17..19 belong to nobody.
 """
 
 from __future__ import annotations
@@ -32,97 +68,8 @@ from minivllm.attention.metadata import AttentionMetadata
 NOTEBOOK = "notebooks/05_paged_attention_torch.ipynb"
 
 
-def write_kv(
-    key: torch.Tensor,  # [T, KVH, D] this step's new keys, one row per token of the flat batch
-    value: torch.Tensor,  # [T, KVH, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], written in place
-    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], written in place
-    slot_mapping: torch.Tensor,  # [T] int64: slot = block * block_size + offset; -1 = padding
-) -> None:
-    """Store row ``t`` of ``key`` and ``value`` at slot ``slot_mapping[t]`` of the caches, cast
-    to the cache's dtype. Rows whose slot is ``-1`` (padding that a static batch computes and
-    throws away) are not stored anywhere."""
-    # BEGIN SOLUTION
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
-    # The view of the cache as one row per slot shares its memory: writing it writes the cache.
-    k_cache.view(num_slots, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(num_slots, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
-    # END SOLUTION
-
-
-def gather_context(
-    cache: torch.Tensor,  # [num_blocks, block_size, KVH, D] the K cache or the V cache
-    block_table: torch.Tensor,  # [max_blocks] int32: logical block j -> physical block
-    seq_len: int,  # tokens this sequence has in the cache
-) -> torch.Tensor:
-    """Return ``[seq_len, KVH, D]``: positions ``0 .. seq_len - 1`` of one sequence, in order.
-
-    Entries of ``block_table`` past the sequence's last block are padding (0), and the slots of
-    its last block past ``seq_len`` belong to nobody: they hold whatever was there before.
-    """
-    # BEGIN SOLUTION
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    blocks = cache[block_table[:num_blocks].long()]  # [num_blocks, block_size, KVH, D], a copy
-    return blocks.flatten(0, 1)[:seq_len]
-    # END SOLUTION
-
-
-def causal_mask(
-    query_len: int, seq_len: int, device: torch.device | str | None = None
-) -> torch.Tensor:
-    """Return ``[query_len, seq_len]`` bool: may new token ``j`` attend to position ``p``?
-
-    The ``query_len`` new tokens are the sequence's *last* positions (the ones before them were
-    cached by earlier steps: an earlier chunk of the prompt, a prefix-cache hit, the tokens
-    decoded so far). A token attends to every position up to and including its own.
-    """
-    # BEGIN SOLUTION
-    context_len = seq_len - query_len  # positions cached before this step
-    query_pos = context_len + torch.arange(query_len, device=device)  # [query_len]
-    key_pos = torch.arange(seq_len, device=device)  # [seq_len]
-    return key_pos[None, :] <= query_pos[:, None]
-    # END SOLUTION
-
-
-def grouped_attention(
-    q: torch.Tensor,  # [n, H, D] the queries of one sequence's new tokens
-    k: torch.Tensor,  # [L, KVH, D] the sequence's keys, positions 0 .. L-1
-    v: torch.Tensor,  # [L, KVH, D]
-    mask: torch.Tensor,  # [n, L] bool: True where query row i may attend to key position p
-    scale: float,  # the softmax scale, usually D ** -0.5
-) -> torch.Tensor:
-    """``softmax(q k^T * scale, masked) v`` per query head; returns ``[n, H, D]``.
-
-    Grouped-query attention: query head ``h`` reads KV head ``h // (H // KVH)`` (heads
-    ``0 .. H/KVH - 1`` share KV head 0, the next ``H/KVH`` share KV head 1, ...). Each KV head
-    is used as it is, for all the query heads of its group at once: no copy of K or V per
-    query head (that copy is what makes a naive GQA implementation move ``H / KVH`` times the
-    bytes). Every query row has at least one position it may attend to.
-    """
-    # BEGIN SOLUTION
-    n, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    # [n, KVH, group, D]: query head h sits at (h // group, h % group); a view, no copy
-    q = q.unflatten(1, (num_kv_heads, group))
-    scores = torch.einsum("nkgd,lkd->kgnl", q, k) * scale  # [KVH, group, n, L]
-    scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: a masked key gets no weight
-    probs = scores.softmax(dim=-1)
-    out = torch.einsum("kgnl,lkd->nkgd", probs, v)  # [n, KVH, group, D]
-    return out.reshape(n, num_heads, head_dim)
-    # END SOLUTION
-
-
 class PagedAttentionBackend:
-    """An attention backend for the engine: ``LLM(attention_backend=PagedAttentionBackend())``.
-
-    Given (not part of the exercise): the shape checks and the walk over the flat batch. Each
-    sequence is handled on its own, decode or prompt alike: its rows of the flat batch attend to
-    its whole context, gathered through its block table.
-    """
+    """An attention backend for the engine: ``LLM(attention_backend=PagedAttentionBackend())``."""
 
     name = "ex05-paged-attention"
 
@@ -131,28 +78,85 @@ class PagedAttentionBackend:
         query: torch.Tensor,  # [T, H, D]
         key: torch.Tensor,  # [T, KVH, D]
         value: torch.Tensor,  # [T, KVH, D]
-        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], written in place
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Store the step's new K/V, then attend; returns ``[T, H, D]`` in the query's dtype."""
+        """Store the step's new K/V through ``meta.slot_mapping``, then return every row's
+        causal attention over its own sequence: ``[T, H, D]`` in the query's dtype.
+
+        The contract, its invariants and a worked step are in this module's docstring. Given:
+        ``query_lens`` and ``seq_lens`` as Python lists, and the inputs' shapes checked.
+        """
         query_lens, seq_lens = host_lengths(meta)
         check_shapes(query, key, value, k_cache, v_cache, query_lens, seq_lens)
-        write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        # BEGIN SOLUTION
+        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+        num_heads = query.shape[1]
+        group = num_heads // num_kv_heads
+        device = query.device
+        # The caches seen as one row per slot (views: writing them writes the caches).
+        k_slots = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+        v_slots = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+        keep = meta.slot_mapping >= 0  # slot -1: a padding row, computed and thrown away
+        k_slots[meta.slot_mapping[keep]] = key[keep].to(k_cache.dtype)
+        v_slots[meta.slot_mapping[keep]] = value[keep].to(v_cache.dtype)
+
         out = torch.empty_like(query)
-        start = 0
-        for seq, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
-            rows = slice(start, start + query_len)  # this sequence's rows of the flat batch
-            start += query_len
-            if query_len == 0:
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        tables = meta.block_tables.to(device).long()
+
+        # Decode rows (one new token each), batched: rows whose contexts need the same power of
+        # two of blocks share one attention, padded to the longest of them (less than twice
+        # each one's own length). A position past what a row's sequence wrote (its length; an
+        # idle seat's padding position) reads the sequence's own position 0 instead, then gets
+        # a score of -inf: nothing it does not own enters the products.
+        buckets: dict[int, list[int]] = {}
+        for i, n in enumerate(query_lens):
+            if n == 1:
+                blocks = -(-seq_lens[i] // block_size)
+                buckets.setdefault((blocks - 1).bit_length(), []).append(i)
+        written = meta.readable_lens().to(device)
+        for seqs in buckets.values():
+            index = torch.tensor(seqs, device=device)
+            rows = torch.tensor([starts[i] for i in seqs], device=device)
+            pos = torch.arange(max(seq_lens[i] for i in seqs), device=device)  # [L]
+            owned = pos[None, :] < written[index][:, None]  # [n, L]
+            pos = torch.where(owned, pos, 0)
+            slots = tables[index[:, None], pos // block_size] * block_size + pos % block_size
+            k = k_slots[slots].to(query.dtype)  # [n, L, KVH, D]
+            v = v_slots[slots].to(query.dtype)
+            q = query[rows].view(len(seqs), num_kv_heads, group, head_dim)  # head h: h // group
+            scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale
+            scores = scores.masked_fill(~owned[:, None, None, :], float("-inf"))
+            attended = torch.einsum("nkgl,nlkd->nkgd", scores.softmax(dim=-1), v)
+            out[rows] = attended.reshape(len(seqs), num_heads, head_dim)
+
+        # Prompts and chunks, one sequence at a time: the cached context from the cache, the
+        # new tokens from this step's rows, rounded as the cache holds them (a padding row's
+        # K/V is never stored, so it is read from here too).
+        for i, n in enumerate(query_lens):
+            if n < 2:
                 continue
-            table = meta.block_tables[seq]
-            k = gather_context(k_cache, table, seq_len).to(query.dtype)  # [seq_len, KVH, D]
-            v = gather_context(v_cache, table, seq_len).to(query.dtype)
-            mask = causal_mask(query_len, seq_len, query.device)  # [query_len, seq_len]
-            out[rows] = grouped_attention(query[rows], k, v, mask, scale)
+            rows = slice(starts[i], starts[i] + n)
+            context = seq_lens[i] - n
+            pos = torch.arange(context, device=device)
+            slots = tables[i, pos // block_size] * block_size + pos % block_size
+            k = torch.cat([k_slots[slots], key[rows].to(k_cache.dtype)]).to(query.dtype)
+            v = torch.cat([v_slots[slots], value[rows].to(v_cache.dtype)]).to(query.dtype)
+            q = query[rows].view(n, num_kv_heads, group, head_dim)
+            scores = torch.einsum("nkgd,lkd->kgnl", q, k) * scale  # [KVH, group, n, L]
+            # new token j sits at position context + j and sees the positions up to its own
+            own_pos = context + torch.arange(n, device=device)
+            allowed = torch.arange(context + n, device=device)[None, :] <= own_pos[:, None]
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            attended = torch.einsum("kgnl,lkd->nkgd", scores.softmax(dim=-1), v)
+            out[rows] = attended.reshape(n, num_heads, head_dim)
         return out
+        # END SOLUTION
 
 
 def host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:

@@ -264,7 +264,8 @@ MUTANTS = [
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),
     # the last, partial block read one slot too far
-    ("ex06_triton_kernel", "logical_block * BLOCK_SIZE + t < seq_len", "logical_block * BLOCK_SIZE + t <= seq_len"),
+    ("ex06_triton_kernel", "in_seq = logical_block * BLOCK_SIZE + t < seq_len  # [BLOCK_SIZE]",
+     "in_seq = logical_block * BLOCK_SIZE + t <= seq_len  # [BLOCK_SIZE]"),
     # the logical block number used as if it were the physical one
     ("ex06_triton_kernel", "k_cache_ptr + physical_block * stride_kb", "k_cache_ptr + logical_block * stride_kb"),
     # every sequence reading the first sequence's block table
@@ -273,33 +274,88 @@ MUTANTS = [
     ("ex06_triton_kernel", "heads = kv_head * GROUP + rows", "heads = rows * tl.num_programs(1) + kv_head"),
     # the softmax scale forgotten
     ("ex06_triton_kernel", 'tl.trans(k), input_precision="ieee") * scale', 'tl.trans(k), input_precision="ieee")'),
+    # ex06, kernel 1: the logical block read as the physical one; every sequence reading the first
+    # one's table; the partial last block read one slot too far; the columns past head_dim copied
+    ("ex06_triton_kernel", "    physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n    src",
+     "    physical = logical_block\n    src"),
+    ("ex06_triton_kernel", "block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n    src",
+     "block_tables_ptr + logical_block).to(tl.int64)\n    src"),
+    ("ex06_triton_kernel", "ok = (pos < length)[:, None]", "ok = (pos <= length)[:, None]"),
+    ("ex06_triton_kernel", "ok = (pos < length)[:, None] & (d < HEAD_DIM)[None, :]", "ok = (pos < length)[:, None]"),
+    # ex06, kernel 2: the scale forgotten; positions' blocks taken as physical; padded positions
+    # scored 0 instead of -inf; query heads paired with KV heads modulo the group
+    ("ex06_triton_kernel", "scores = tl.sum(q[None, :] * k, axis=1) * scale", "scores = tl.sum(q[None, :] * k, axis=1)"),
+    ("ex06_triton_kernel", "block = tl.load(block_tables_ptr + seq * stride_bts + pos // BLOCK_SIZE, mask=in_seq, other=0)",
+     "block = pos // BLOCK_SIZE"),
+    ("ex06_triton_kernel", '    scores = tl.where(in_seq, scores, float("-inf"))\n', ""),
+    ("ex06_triton_kernel", "kv_head = head // GROUP", "kv_head = head % GROUP"),
+    # ex06, kernel 3: the online softmax without rescaling acc, or denom; the maximum never kept
+    ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.sum(p[:, None] * v, axis=0)[None, :]",
+     "acc = acc + tl.sum(p[:, None] * v, axis=0)[None, :]"),
+    ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=0)", "denom = denom + tl.sum(p, axis=0)"),
+    ("ex06_triton_kernel", "        m = m_new\n    result = acc / denom[:, None]\n", "    result = acc / denom[:, None]\n"),
+    # ex06, kernel 4: a split's range one block short; its log-sum-exp without the maximum; an
+    # empty split dividing 0 by 0
+    ("ex06_triton_kernel", "last = tl.minimum(first + blocks_per_split, ", "last = tl.minimum(first + blocks_per_split - 1, "),
+    ("ex06_triton_kernel", "row + tl.arange(0, 1), m + tl.log(denom))", "row + tl.arange(0, 1), tl.log(denom))"),
+    ("ex06_triton_kernel", "    denom = tl.maximum(denom, 1.0)\n", ""),
+    # ex06, the reduction: a plain average of the splits; the weighted sum left unnormalised
+    ("ex06_triton_kernel", "w = tl.exp(lse - tl.max(lse, axis=0))", "w = tl.where(s_ok, 1.0, 0.0)"),
+    ("ex06_triton_kernel", "out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)", "out = tl.sum(w[:, None] * o, axis=0)"),
+    # ex05: padding rows (slot -1) stored, at the cache's last slot
+    ("ex05_paged_attention_ref", "keep = meta.slot_mapping >= 0",
+     "keep = torch.ones_like(meta.slot_mapping, dtype=torch.bool)"),
     # ex05: the causal mask off by one (a token does not see itself; it sees its successor)
-    ("ex05_paged_attention_ref", "return key_pos[None, :] <= query_pos[:, None]", "return key_pos[None, :] < query_pos[:, None]"),
-    ("ex05_paged_attention_ref", "return key_pos[None, :] <= query_pos[:, None]",
-     "return key_pos[None, :] <= query_pos[:, None] + 1"),
-    # ex05: new tokens placed at 0.. instead of after the cached ones (chunks, prefix hits, decodes)
-    ("ex05_paged_attention_ref", "query_pos = context_len + torch.arange(query_len, device=device)",
-     "query_pos = torch.arange(query_len, device=device)"),
-    # ex05: the logical block used as the physical one
-    ("ex05_paged_attention_ref", "blocks = cache[block_table[:num_blocks].long()]", "blocks = cache[:num_blocks]"),
-    # ex05: a partial last block dropped; the block size assumed to be 16
-    ("ex05_paged_attention_ref", "num_blocks = -(-seq_len // block_size)", "num_blocks = seq_len // block_size"),
-    ("ex05_paged_attention_ref", "block_size = cache.shape[1]\n", "block_size = 16\n"),
-    # ex05: whole blocks kept: the stale tail of the last block enters the softmax
-    ("ex05_paged_attention_ref", "return blocks.flatten(0, 1)[:seq_len]", "return blocks.flatten(0, 1)"),
-    # ex05: grouped-query heads interleaved (head h reads KV head h % KVH, as K/V tiled with .repeat would)
-    ("ex05_paged_attention_ref", "q = q.unflatten(1, (num_kv_heads, group))",
-     "q = q.unflatten(1, (group, num_kv_heads)).transpose(1, 2)"),
+    ("ex05_paged_attention_ref", "[None, :] <= own_pos[:, None]", "[None, :] < own_pos[:, None]"),
+    ("ex05_paged_attention_ref", "[None, :] <= own_pos[:, None]", "[None, :] <= own_pos[:, None] + 1"),
+    # ex05: a chunk's new tokens placed at 0.. instead of after the cached ones
+    ("ex05_paged_attention_ref", "own_pos = context + torch.arange(n, device=device)",
+     "own_pos = torch.arange(n, device=device)"),
+    # ex05: the logical block used as the physical one (a chunk's context; the decode rows)
+    ("ex05_paged_attention_ref", "slots = tables[i, pos // block_size] * block_size + pos % block_size",
+     "slots = pos"),
+    ("ex05_paged_attention_ref", "slots = tables[index[:, None], pos // block_size] * block_size + pos % block_size",
+     "slots = index[:, None] * 0 + pos"),
+    # ex05: the block size assumed to be 16
+    ("ex05_paged_attention_ref", "num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape",
+     "num_blocks, _, num_kv_heads, head_dim = k_cache.shape\n        block_size = 16"),
+    # ex05: batched decodes padded to the longest without masking the padding (its keys get weight)
+    ("ex05_paged_attention_ref",
+     "            scores = scores.masked_fill(~owned[:, None, None, :], float(\"-inf\"))\n", ""),
+    # ex05: positions past a decode's end read as they are, masked only: 0 * NaN reaches the row
+    ("ex05_paged_attention_ref", "            pos = torch.where(owned, pos, 0)\n", ""),
+    # ex05: grouped-query heads interleaved (head h reads KV head h % KVH, as .repeat would tile)
+    ("ex05_paged_attention_ref", "q = query[rows].view(len(seqs), num_kv_heads, group, head_dim)",
+     "q = query[rows].view(len(seqs), group, num_kv_heads, head_dim).transpose(1, 2)"),
+    ("ex05_paged_attention_ref", "q = query[rows].view(n, num_kv_heads, group, head_dim)",
+     "q = query[rows].view(n, group, num_kv_heads, head_dim).transpose(1, 2)"),
     # ex05: the softmax scale forgotten, or applied twice
-    ("ex05_paged_attention_ref", 'torch.einsum("nkgd,lkd->kgnl", q, k) * scale', 'torch.einsum("nkgd,lkd->kgnl", q, k)'),
+    ("ex05_paged_attention_ref", 'torch.einsum("nkgd,nlkd->nkgl", q, k) * scale', 'torch.einsum("nkgd,nlkd->nkgl", q, k)'),
     ("ex05_paged_attention_ref", 'torch.einsum("nkgd,lkd->kgnl", q, k) * scale',
      'torch.einsum("nkgd,lkd->kgnl", q * scale, k) * scale'),
-    # ex05: masked keys scored 0 instead of -inf, or the mask applied after the softmax
-    ("ex05_paged_attention_ref", 'scores.masked_fill(~mask, float("-inf"))', "scores.masked_fill(~mask, 0.0)"),
-    ("ex05_paged_attention_ref", 'scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: a masked key gets no weight\n'
-     "    probs = scores.softmax(dim=-1)", "probs = scores.softmax(dim=-1) * mask"),
-    # ex05: padding rows (slot -1) stored, at the cache's last slot
-    ("ex05_paged_attention_ref", "keep = slot_mapping >= 0", "keep = torch.ones_like(slot_mapping, dtype=torch.bool)"),
+    # ex05: the softmax taken over the query heads instead of the keys
+    ("ex05_paged_attention_ref", 'torch.einsum("kgnl,lkd->nkgd", scores.softmax(dim=-1), v)',
+     'torch.einsum("kgnl,lkd->nkgd", scores.softmax(dim=1), v)'),
+    # ex05: the step's K/V written into a copy of the cache (a reshape that copied): the
+    # outputs are right, the cache the next step reads is not
+    ("ex05_paged_attention_ref", "k_slots = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)",
+     "k_slots = k_cache.reshape(num_blocks * block_size, num_kv_heads, head_dim).clone()"),
+    # ex05: every decode row on its own (a loop over sequences): the operations grow with the rows
+    ("ex05_paged_attention_ref", "buckets.setdefault((blocks - 1).bit_length(), []).append(i)",
+     "buckets.setdefault(i, []).append(i)"),
+    # ex05: one batch for every decode: short rows padded to the longest
+    ("ex05_paged_attention_ref", "buckets.setdefault((blocks - 1).bit_length(), []).append(i)",
+     "buckets.setdefault(0, []).append(i)"),
+    # ex05: the decodes sent down the prompt path, one at a time
+    ("ex05_paged_attention_ref", "            if n == 1:\n", "            if n == -1:\n"),
+    ("ex05_paged_attention_ref", "            if n < 2:\n", "            if n < 1:\n"),
+    # ex05: K/V repeated once per query head for the decode rows
+    ("ex05_paged_attention_ref",
+     '            q = query[rows].view(len(seqs), num_kv_heads, group, head_dim)  # head h: h // group\n'
+     '            scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale\n',
+     '            k, v = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)\n'
+     '            q = query[rows].view(len(seqs), num_kv_heads * group, 1, head_dim)\n'
+     '            scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale\n'),
     # ex04: a block boundary rounded down instead of up
     ("ex04_block_allocator", "return max(cdiv(total, self.block_size) - len(", "return max(total // self.block_size - len("),
     # ex04: the lookahead the static scheduler asks for is ignored

@@ -125,8 +125,12 @@ COMPILE_CASES = [  # (cache dtype, head_dim, group, block_size, compute capabili
 ]
 
 
+# the ladder's kernels, compiled once each for sm_80: fp32, head_dim 40 (tile 64), 3 heads per KV head
+LADDER = ("load_block_kernel", "attend_whole_kernel", "attend_blocks_kernel", "split_kernel", "merge_kernel")
+
+
 def test_kernel_compiles_for_nvidia_gpus():
-    """The interpreter accepts code a GPU compiler rejects; compile the kernel for sm_75/80/90
+    """The interpreter accepts code a GPU compiler rejects; compile the kernels for sm_75/80/90
     (Triton ships ptxas, no GPU needed) in a process where kernels are not interpreted."""
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
@@ -134,7 +138,7 @@ def test_kernel_compiles_for_nvidia_gpus():
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(records) == len(COMPILE_CASES)
+    assert len(records) == len(COMPILE_CASES) + len(LADDER)
     errors = [f"{r['case']}: {r['error']}" for r in records if "error" in r]
     assert not errors, "\n".join(errors)
 
@@ -159,6 +163,21 @@ def compile_for_gpus() -> int:
             signature, constants = _signature(kernel, args)
             target = GPUTarget("cuda", capability, 32)
             triton.compile(ASTSource(kernel, signature, constants), target=target)
+        except Exception as exc:  # reported to the test, which fails on it
+            record["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
+        print(json.dumps(record), flush=True)
+    ex = course.load(NAME)
+    for name in LADDER:
+        kernel = getattr(ex, name)
+        args = {arg: 64 for arg in kernel.arg_names if arg.startswith("stride_")}
+        args.update({arg: "*fp32" for arg in kernel.arg_names if arg.endswith("_ptr")})
+        args.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", scale=0.1, blocks_per_split=4, num_splits=4,
+                    GROUP=("c", 3), HEAD_DIM=("c", 40), BLOCK_D=("c", 64), BLOCK_SIZE=("c", 16),
+                    SEQ_PAD=("c", 128), SPLITS_PAD=("c", 4))
+        record = {"case": [name, "fp32", 40, 3, 16, 80]}
+        try:
+            signature, constants = _signature(kernel, {arg: args[arg] for arg in kernel.arg_names})
+            triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 80, 32))
         except Exception as exc:  # reported to the test, which fails on it
             record["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
         print(json.dumps(record), flush=True)

@@ -1,37 +1,42 @@
-"""Cases for ex05_paged_attention_ref: PagedAttention in PyTorch against SDPA, then in the engine.
+"""Cases for ex05_paged_attention_ref: a ragged attention backend, against float64 SDPA, counted,
+then serving the tiny model.
 
-Every step case builds its sequences as plain contiguous K/V tensors in float64, scatters the
-cached part into a paged cache through shuffled block tables, hands the student's backend the
-step's new rows and metadata, and compares with ``torch.nn.functional.scaled_dot_product_attention``
-run on the contiguous tensors (K/V repeated per query head, as Hugging Face's ``repeat_kv`` does).
-What the checks can see:
+**Steps.** Each step case builds its sequences as contiguous K/V tensors, scatters the cached
+part into a paged cache through shuffled block tables (:mod:`minivllm.attention.testing`, the
+kernels' own fixture), hands the student's ``forward`` the step's new rows and metadata, and
+compares with ``scaled_dot_product_attention`` in float64 on the contiguous tensors. Every slot
+no sequence owns holds NaN, and so do this step's slots until ``forward`` writes them (reading a
+slot that is not the sequence's, or a new token before storing it, gives NaN, not an almost-right
+number); the cache is a window into a buffer with NaN blocks on each side; the whole cache is
+compared after the step (new K/V at their slots, nothing else touched: a padding row stored "at
+-1" lands in the cache's last slot). Padding rows' own outputs are not compared: the engine
+throws them away.
 
-* every cache slot that no sequence owns holds NaN, and so do the slots of this step's new
-  tokens until the backend writes them: reading a slot that is not the sequence's (a logical
-  block used as a physical one, the stale tail of a last block, a new token read before it is
-  stored) turns the answer into NaN instead of an almost-right number;
-* the whole cache is compared after the step: new K/V at their slots, nothing else touched
-  (a padding row with slot -1 stored "at -1" lands in the cache's last slot);
-* padding rows (slot -1) sit on stale but finite slots, as in the engine, and their outputs are
-  not compared: the engine throws them away.
+**Work.** Counted with :func:`minivllm.course.work.count_work` on the CPU (the same counts on
+every machine): the operations of a call do not grow with its decode rows; its multiply-adds
+stay within twice what its rows need; its values written do not grow as if K/V were copied per
+query head.
 
-The last cases serve the tiny model with the student's backend and compare its greedy tokens
-with those of minivllm's own backend: chunked prefill, a prefix-cache hit, a preemption, and
-static batching's padding rows.
+**The engine.** The tiny model served with the student's backend on a pool filled with NaN
+before the run: chunked prefill, a prefix-cache hit and a preemption; then static batching's
+padding rows. The greedy tokens must be those of minivllm's own PyTorch backend on a clean pool.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import inspect
+import random
 from functools import lru_cache
 
 import torch
 
 from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
 from minivllm.attention.testing import PagedProblem, Seq, assert_cache_matches, make_paged_problem
-from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.harness import TraceRequest, expect_same_tokens, run_trace
+from minivllm.course.grading import Case, Mismatch, case
+from minivllm.course.harness import TraceRequest, TraceResult, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
+from minivllm.course.work import Work, count_work
 
 CASES: list[Case] = []
 
@@ -39,23 +44,65 @@ CASES: list[Case] = []
 # output by ~1/seq_len of a value; a wrong scale by far more.
 ATOL = 1e-9
 DTYPE = torch.float64
+BACKEND = "PagedAttentionBackend"
+# minivllm's attention code a student's backend must not call (rule 5 of the contract)
+ENGINE_ATTENTION = ("minivllm.attention.cache_ops", "minivllm.attention.torch_ragged",
+                    "minivllm.attention.torch_padded", "minivllm.attention.triton")
 
 
 def make_step(seqs: list[Seq], **kwargs) -> PagedProblem:
-    """One step over a paged cache, in float64 on ``DEVICE``, with its answer from contiguous
-    tensors (:func:`minivllm.attention.testing.make_paged_problem`, the kernels' own tests'
-    fixture): shuffled block tables, NaN in every slot no sequence owns and in this step's slots
-    until they are written, stale finite values under padding rows. ``share={b: (a, n)}``:
-    sequence ``b`` starts with ``a``'s first ``n`` blocks (a prefix-cache hit); keep them to
-    cached context."""
+    """One step over a paged cache in float64 on ``DEVICE``, with its answer from contiguous
+    tensors (:func:`minivllm.attention.testing.make_paged_problem`): shuffled block tables, NaN
+    in every slot no sequence owns and in this step's slots until they are written, one NaN
+    guard block on each side of the cache. ``share={b: (a, n)}``: sequence ``b`` starts with
+    ``a``'s first ``n`` blocks (a prefix-cache hit); keep them to cached context."""
+    kwargs.setdefault("guard_blocks", 1)
     return make_paged_problem(seqs, dtype=DTYPE, device=DEVICE, **kwargs)
+
+
+def own_backend(ex):
+    """``ex.PagedAttentionBackend()``, refused if the module leans on minivllm's attention code
+    or the object misses the protocol."""
+    from minivllm.attention import AttentionBackend
+
+    borrowed = sorted(_borrowed(ex))
+    if borrowed:
+        raise AssertionError(f"the backend must be your own PyTorch code; the file uses minivllm's "
+                             f"{', '.join(borrowed)}")
+    backend = ex.PagedAttentionBackend()
+    if not isinstance(backend, AttentionBackend):
+        raise AssertionError("PagedAttentionBackend needs a `name` and a `forward(...)` (the "
+                             "AttentionBackend protocol)")
+    return backend
+
+
+def _borrowed(ex) -> set[str]:
+    """Names the module imports from minivllm's attention backends (its source, then its globals)."""
+    found = set()
+    try:
+        tree = ast.parse(inspect.getsource(ex))
+    except (OSError, TypeError):
+        tree = None
+    for node in ast.walk(tree) if tree else ():
+        module = node.module if isinstance(node, ast.ImportFrom) else None
+        names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+        for name in ([module] if module else []) + names:
+            if name and (name.startswith(ENGINE_ATTENTION) or name in ("get_attention_backend", "BACKENDS",
+                                                                       "TorchAttentionBackend",
+                                                                       "PaddedTorchAttentionBackend")):
+                found.add(name)
+    for value in vars(ex).values():
+        where = getattr(value, "__module__", None) or getattr(value, "__name__", "")
+        if isinstance(where, str) and where.startswith(ENGINE_ATTENTION):
+            found.add(where)
+    return found
 
 
 def run_step(ex, problem: PagedProblem):
     """The student's backend on fresh copies of the caches: ``(output, k_cache, v_cache)``."""
     k_cache, v_cache = problem.caches()
-    out = ex.PagedAttentionBackend().forward(problem.query, problem.key, problem.value, k_cache,
-                                             v_cache, problem.meta, problem.scale)
+    out = own_backend(ex).forward(problem.query, problem.key, problem.value, k_cache, v_cache,
+                                  problem.meta, problem.scale)
     return out, k_cache, v_cache
 
 
@@ -65,9 +112,8 @@ def expect_step(ex, problem: PagedProblem, note: str = "") -> None:
     out, k_cache, v_cache = run_step(ex, problem)
     assert_cache_matches(k_cache, problem.k_cache_after, f"{prefix}k_cache")
     assert_cache_matches(v_cache, problem.v_cache_after, f"{prefix}v_cache")
-    if tuple(out.shape) != tuple(problem.expected.shape):
-        raise Mismatch(tuple(problem.expected.shape), tuple(out.shape),
-                       f"{prefix}output shape [T, H, D]")
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(problem.expected.shape):
+        raise Mismatch(tuple(problem.expected.shape), getattr(out, "shape", out), f"{prefix}output shape [T, H, D]")
     if out.dtype != problem.query.dtype:
         raise Mismatch(problem.query.dtype, out.dtype, f"{prefix}output dtype (the query's)")
     expect_close(out.detach().cpu(), problem.expected, problem, prefix)
@@ -84,8 +130,8 @@ def expect_close(got: torch.Tensor, want: torch.Tensor, problem: PagedProblem, p
         i, head = (int(x) for x in bad.nonzero()[0][:2])
         raise AssertionError(
             f"{prefix}NaN/inf in the output of {problem.describe_row(int(rows[i]))}, head {head}: "
-            "it read a cache slot that is not part of its sequence (such slots hold NaN here), "
-            "or a new token's slot before storing it"
+            "it used a cache slot its sequence does not own (such slots hold NaN here), or a new "
+            "token's slot before storing it"
         )
     error = (got - want).abs()
     if error.max() > ATOL:
@@ -98,80 +144,10 @@ def expect_close(got: torch.Tensor, want: torch.Tensor, problem: PagedProblem, p
         )
 
 
-# --- the four functions, one at a time -----------------------------------------------------------
-@case(CASES, "new rows land at their slots; slot -1 rows are stored nowhere", "write_kv",
-      "slot s is row s of the cache viewed as [num_blocks * block_size, KVH, D]; and in Python, "
-      "index -1 is the last row")
-def _(ex):
-    p = make_step([Seq(new=3, context=14), Seq(new=1, context=31), Seq(new=2, pad=3)], seed=1)
-    k_cache, v_cache = p.caches()
-    ex.write_kv(p.key, p.value, k_cache, v_cache, p.meta.slot_mapping)
-    assert_cache_matches(k_cache, p.k_cache_after, "k_cache after write_kv")
-    assert_cache_matches(v_cache, p.v_cache_after, "v_cache after write_kv")
-
-
-@case(CASES, "a sequence in logical order: lengths 1, 15, 16, 17, 33 over a shuffled pool",
-      "gather_context", "logical block j lives in physical block block_table[j]; a last block is "
-      "usually partly filled")
-def _(ex):
-    p = make_step([Seq(new=0, context=n) for n in (1, 15, 16, 17, 33)], seed=2)
-    for i, (s, k, v) in enumerate(zip(p.seqs, p.keys, p.values, strict=True)):
-        for cache, want, what in zip(p.caches(), (k, v), "KV", strict=True):
-            got = ex.gather_context(cache, p.meta.block_tables[i], s.seq_len).detach().cpu()
-            note = f"{what} of a sequence of {s.seq_len} tokens in blocks {p.tables[i]}"
-            expect(tuple(got.shape), tuple(want.shape), f"{note}: shape [seq_len, KVH, D]")
-            wrong = (got != want).flatten(1).any(dim=1)  # [seq_len]; NaN differs from everything
-            if wrong.any():
-                pos = int(wrong.nonzero()[0])
-                raise AssertionError(f"{note}: position {pos} (logical block {pos // 16}, offset "
-                                     f"{pos % 16}) is not the sequence's token {pos}")
-
-
-@case(CASES, "decode, whole prompt, chunk after 32 cached tokens, a prefix hit of 16",
-      "causal_mask", "the new tokens are the last query_len positions of the sequence")
-def _(ex):
-    for query_len, seq_len in [(1, 1), (1, 17), (5, 5), (7, 39), (4, 20)]:
-        context = seq_len - query_len
-        # row j is the token at position context + j: it sees positions 0 .. context + j
-        want = [[p <= context + j for p in range(seq_len)] for j in range(query_len)]
-        got = ex.causal_mask(query_len, seq_len, DEVICE)
-        expect(got.dtype, torch.bool, "dtype of the mask")
-        what = f"query_len={query_len}, seq_len={seq_len}"
-        expect(tuple(got.shape), (query_len, seq_len), f"shape for {what}")
-        expect(got.cpu().tolist(), want, f"{what} (rows: new tokens)")
-
-
-@case(CASES, "grouped-query attention: 6 heads over 2 KV heads, 8 over 2, 4 over 4, 3 over 1",
-      "grouped_attention", "query head h reads KV head h // (H // KVH): heads 0..2 share KV head 0 "
-      "when H=6, KVH=2")
-def _(ex):
-    for seed, (heads, kv_heads) in enumerate([(6, 2), (8, 2), (4, 4), (3, 1)], start=3):
-        p = make_step([Seq(new=5, context=20)], num_heads=heads, num_kv_heads=kv_heads, seed=seed)
-        mask = torch.ones(5, 25, dtype=torch.bool, device=DEVICE).tril(diagonal=20)
-        k, v = p.keys[0].to(DEVICE), p.values[0].to(DEVICE)
-        got = ex.grouped_attention(p.query, k, v, mask, p.scale)
-        expect(tuple(got.shape), tuple(p.expected.shape),
-               f"{heads} heads over {kv_heads}: shape [n, H, D]")
-        expect_close(got.detach().cpu(), p.expected, p, f"{heads} heads over {kv_heads} KV heads: ")
-
-
-@case(CASES, "softmax scale 0.3 and 1.0, not the default D ** -0.5", "grouped_attention",
-      "the scores are q . k * scale, once")
-def _(ex):
-    for scale in (0.3, 1.0):
-        p = make_step([Seq(new=3, context=9)], scale=scale, seed=7)
-        mask = torch.ones(3, 12, dtype=torch.bool, device=DEVICE).tril(diagonal=9)
-        k, v = p.keys[0].to(DEVICE), p.values[0].to(DEVICE)
-        got = ex.grouped_attention(p.query, k, v, mask, scale)
-        expect_close(got.detach().cpu(), p.expected, p, f"scale {scale}: ")
-
-
-# --- the backend on whole steps -------------------------------------------------------------
-BACKEND = "PagedAttentionBackend"
-
-
-@case(CASES, "decode rows at block boundaries: contexts of 0, 14, 15, 16, 30, 31, 32, 47", BACKEND,
-      "a decode token sits at position seq_len - 1 and sees every position up to its own")
+# --- steps against float64 SDPA ------------------------------------------------------------------
+@case(CASES, "decode rows at block boundaries: contexts 0, 14, 15, 16, 30, 31, 32, 47", BACKEND,
+      "a decode token sits at position seq_len - 1 and sees every position up to its own, its "
+      "own K/V included: store before you read")
 def _(ex):
     contexts = (0, 14, 15, 16, 30, 31, 32, 47)
     expect_step(ex, make_step([Seq(new=1, context=c) for c in contexts], seed=8))
@@ -199,9 +175,9 @@ def _(ex):
 
 
 @case(CASES, "grouped-query ratios on a mixed step: 6/2, 8/2, 4/4, 4/1 heads/KV heads", BACKEND,
-      "query head h reads KV head h // (H // KVH)")
+      "query head h reads KV head h // (H // KVH): heads 0..2 share KV head 0 when H=6, KVH=2")
 def _(ex):
-    seqs = [Seq(new=1, context=20), Seq(new=6, context=10), Seq(new=3)]
+    seqs = [Seq(new=1, context=20), Seq(new=6, context=10), Seq(new=3), Seq(new=1, context=7)]
     for seed, (heads, kv_heads) in enumerate([(6, 2), (8, 2), (4, 4), (4, 1)], start=12):
         expect_step(ex, make_step(seqs, num_heads=heads, num_kv_heads=kv_heads, seed=seed),
                     f"{heads} heads over {kv_heads} KV heads")
@@ -214,39 +190,112 @@ def _(ex):
     expect_step(ex, make_step(seqs, share={1: (0, 2), 2: (0, 2)}, seed=16))
 
 
-@case(CASES, "padding rows (slot -1): a padded prompt and an idle decode seat", BACKEND,
-      "a row with slot -1 is computed and thrown away: store nothing for it, and do not let it "
-      "disturb the real rows")
+@case(CASES, "padding rows (slot -1): a padded prompt, an idle seat; their slots hold NaN", BACKEND,
+      "a row with slot -1 is computed and thrown away: store nothing for it (in Python, index -1 is "
+      "the cache's last slot), and never read its position's slot, which was never written")
 def _(ex):
     # a static batch: prompts padded to 9 tokens; a finished request's seat computed for nothing
-    seqs = [Seq(new=9), Seq(new=4, pad=5), Seq(new=0, context=12, pad=1), Seq(new=1, context=20)]
-    expect_step(ex, make_step(seqs, seed=17))
+    seqs = [Seq(new=9), Seq(new=4, pad=5), Seq(new=0, context=12, pad=1), Seq(new=1, context=20),
+            Seq(new=2, context=16, pad=3)]
+    expect_step(ex, make_step(seqs, padding=float("nan"), seed=17))
 
 
 @case(CASES, "head_dim 40, block size 8, softmax scale 0.3", BACKEND,
       "take block_size from the cache, and multiply the scores by `scale`, once")
 def _(ex):
-    seqs = [Seq(new=1, context=23), Seq(new=9, context=8), Seq(new=4)]
+    seqs = [Seq(new=1, context=23), Seq(new=9, context=8), Seq(new=4), Seq(new=1, context=2)]
     expect_step(ex, make_step(seqs, head_dim=40, block_size=8, scale=0.3, seed=18))
 
 
-# --- the backend inside the engine ----------------------------------------------------------
+@case(CASES, "blocks of one slot, and sequences with nothing new this step", BACKEND,
+      "a sequence with query_len 0 owns no row of the batch; block_size may be 1")
+def _(ex):
+    seqs = [Seq(new=1, context=5), Seq(new=0, context=7), Seq(new=3, context=2), Seq(new=0, context=1)]
+    expect_step(ex, make_step(seqs, block_size=1, seed=19))
+
+
+# --- the work, counted --------------------------------------------------------------------------
+def work_of(ex, seqs: list[Seq], **kwargs) -> Work:
+    """What one call of the student's ``forward`` does on a float32 step on the CPU (NaN in every
+    slot it must not read); its output must be right too."""
+    problem = make_paged_problem(seqs, dtype=torch.float32, device="cpu", seed=kwargs.pop("seed", 0), **kwargs)
+    backend = own_backend(ex)
+    k_cache, v_cache = problem.caches()
+    out, work = count_work(backend.forward, problem.query, problem.key, problem.value, k_cache, v_cache,
+                           problem.meta, problem.scale)
+    from minivllm.attention.testing import assert_matches_reference
+
+    assert_matches_reference(out, problem)
+    return work
+
+
+def needed_multiply_adds(seqs: list[Seq], num_heads: int, head_dim: int, block_size: int) -> int:
+    """What a step's rows need: ``2 x H x D x query_len x seq_len`` per sequence, the length
+    rounded up to whole blocks (scores, then the weighted values)."""
+    return sum(2 * num_heads * head_dim * s.query_len * -(-s.seq_len // block_size) * block_size for s in seqs)
+
+
+def similar_decodes(n: int, seed: int) -> list[Seq]:
+    """``n`` decode rows whose contexts (96..111 tokens) fill 7 blocks of 16 each."""
+    rng = random.Random(seed)
+    return [Seq(new=1, context=rng.randint(96, 111)) for _ in range(n)]
+
+
+@case(CASES, "decode rows computed together: 32 of them run no more operations than 4", BACKEND,
+      "gather every decode row's keys in one indexing operation (a [rows, positions] tensor of "
+      "slots), and attend for all of them at once")
+def _(ex):
+    few, many = work_of(ex, similar_decodes(4, 1)), work_of(ex, similar_decodes(32, 2))
+    if many.operations > few.operations + 8:
+        raise AssertionError(
+            f"a step of 4 decode rows ran {few.operations} PyTorch operations, one of 32 ran "
+            f"{many.operations}: the decode rows are computed one at a time (a Python loop over "
+            "sequences runs its operations once per sequence)")
+
+
+@case(CASES, "work that follows each row's context: a prompt, or a long decode, among short ones", BACKEND,
+      "do not pad every sequence to the step's longest: decodes apart from prompts, and decodes of "
+      "very different lengths apart from each other")
+def _(ex):
+    steps = {
+        "a 64-token prompt next to 8 decodes of ~100 tokens": [Seq(new=64)] + similar_decodes(8, 3),
+        "15 decodes of 41 tokens next to one of 601": [Seq(new=1, context=40)] * 15 + [Seq(new=1, context=600)],
+    }
+    for what, seqs in steps.items():
+        work = work_of(ex, seqs, seed=4)
+        needed = needed_multiply_adds(seqs, 6, 32, 16)
+        if work.multiply_adds == 0:
+            raise AssertionError("no matrix product counted: compute scores and weighted sums with @, "
+                                 "matmul, einsum, bmm or scaled_dot_product_attention (the checks count those)")
+        if work.multiply_adds > 2 * needed:
+            raise AssertionError(
+                f"{what}: {work.multiply_adds:,} multiply-adds for rows that need {needed:,} "
+                f"({work.multiply_adds / needed:.1f}x, at most 2x): some rows are padded to a much "
+                "longer sequence's length")
+
+
+@case(CASES, "no K/V copied per query head: 16 query heads over 2 KV heads against 2 over 2", BACKEND,
+      "view the query heads as [KVH, H // KVH] and let each KV head meet its group in one product; "
+      "repeat_interleave on K or V is the copy")
+def _(ex):
+    seqs = [Seq(new=2, context=200)] + similar_decodes(6, 5)  # a 2-token chunk and 6 decodes
+    grouped, alone = (work_of(ex, seqs, num_heads=h, num_kv_heads=2, seed=6) for h in (16, 2))
+    if grouped.values_written > 2 * alone.values_written:
+        raise AssertionError(
+            f"with 16 query heads over 2 KV heads the step wrote {grouped.values_written:,} values, "
+            f"with 2 over 2 (the same K/V) {alone.values_written:,}: K or V copied once per query head?")
+
+
+# --- the backend inside the engine ---------------------------------------------------------------
 STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
          "Every morning she walked to the water and looked at the fish. One day she saw a big bird "
          "on a rock by the water.")  # 48 tokens
 ENGINE_ARGS = dict(dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_blocks=8,
                    max_num_batched_tokens=32)
+STATIC_ARGS = dict(scheduler="static", dtype="float32", max_model_len=128, max_num_seqs=3, num_kv_blocks=32)
+STATIC_PROMPTS = ["Once upon a time", "The little fox went to the river to drink", "Tom smiled",
+                  "A small bird sat on a branch and sang a song", "Mia had a red ball"]
 MAX_TOKENS = 16
-
-
-@dataclass
-class EngineRun:
-    """What one served trace produced (requests in alphabetical order)."""
-
-    tokens: dict[str, list[int]]
-    num_cached_tokens: dict[str, int]
-    preemptions: int
-    max_query_lens: list[int]  # per step, the longest run of new tokens of one sequence
 
 
 class Recorded:
@@ -270,20 +319,30 @@ class Recorded:
             raise self.error
 
 
-def serve_trace(backend=None) -> EngineRun:
+def make_llm(backend=None, poisoned: bool = False, **engine_args):
+    """The tiny model with ``backend`` (``None``: minivllm's own ``"torch"``), ``debug_checks``
+    on; ``poisoned``: every slot of every layer's cache NaN before the first step."""
+    from minivllm import LLM
+
+    llm = LLM(attention_backend="torch" if backend is None else backend, debug_checks=True, **engine_args)
+    if poisoned:
+        for k_cache, v_cache in llm.engine.runner.kv_caches:
+            k_cache.fill_(float("nan"))
+            v_cache.fill_(float("nan"))
+    return llm
+
+
+def serve_trace(backend=None, poisoned: bool = False) -> TraceResult:
     """Four greedy requests on a pool of 8 blocks of 16 tokens, 32 tokens per step at most.
 
     ``long`` (44 tokens) is prefilled in two chunks, 32 then 12, the second next to ``short``.
     Before step 3 ``shared`` arrives with the same first 32 tokens plus its own: a prefix-cache
     hit of two blocks, so its first step is a chunk after 32 cached tokens, in a step with
     decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is preempted and
-    recomputed. ``backend=None``: minivllm's own backend.
+    recomputed, in blocks another request left behind. ``backend=None``: minivllm's own.
     """
-    from minivllm import LLM
-
     with one_cpu_thread():
-        extra = {} if backend is None else {"attention_backend": backend}
-        llm = LLM(debug_checks=True, **ENGINE_ARGS, **extra)
+        llm = make_llm(backend, poisoned, **ENGINE_ARGS)
         tokenize = llm.engine.tokenizer.encode
         story = tokenize(STORY)
         trace = [
@@ -292,74 +351,56 @@ def serve_trace(backend=None) -> EngineRun:
             TraceRequest("shared", story[:32] + tokenize(" and then she saw a big bird"), MAX_TOKENS, 3),
             TraceRequest("tom", tokenize("Tom went to the market with his mother and"), MAX_TOKENS, 3),
         ]
-        run = run_trace(llm, trace)
-    return EngineRun(
-        tokens=dict(sorted(run.tokens.items())),
-        num_cached_tokens=dict(sorted(run.cached.items())),
-        preemptions=run.num_preemptions,
-        max_query_lens=[max(n for _, n in s.batch) for s in run.steps],
-    )
+        return run_trace(llm, trace)
 
 
-@lru_cache(maxsize=1)
-def reference_run() -> EngineRun:
-    return serve_trace(None)
-
-
-def static_tokens(backend=None) -> dict[str, list[int]]:
+def serve_static(backend=None, poisoned: bool = False) -> TraceResult:
     """Five prompts of different lengths in static batches of 3: padded prompts (slot -1 rows),
     then idle seats of finished requests computed until their batch ends."""
-    from minivllm import LLM, SamplingParams
-
-    prompts = ["Once upon a time", "The little fox went to the river to drink", "Tom smiled",
-               "A small bird sat on a branch and sang a song", "Mia had a red ball"]
     with one_cpu_thread():
-        extra = {} if backend is None else {"attention_backend": backend}
-        llm = LLM(scheduler="static", dtype="float32", max_model_len=128, max_num_seqs=3,
-                  num_kv_blocks=32, debug_checks=True, **extra)
-        params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True)
-                  for i in range(len(prompts))]
-        outs = llm.generate(prompts, params, use_tqdm=False)
-    return {o.request_id: list(o.outputs[0].token_ids) for o in outs}
+        llm = make_llm(backend, poisoned, **STATIC_ARGS)
+        trace = [TraceRequest(f"p{i}", llm.engine.tokenizer.encode(text), 4 + 3 * i)
+                 for i, text in enumerate(STATIC_PROMPTS)]
+        return run_trace(llm, trace)
 
 
 @lru_cache(maxsize=1)
-def reference_static_tokens() -> dict[str, list[int]]:
-    return static_tokens(None)
+def reference_run() -> TraceResult:
+    return serve_trace()
 
 
-@case(CASES, "serves the tiny model (chunks, a prefix hit, a preemption): minivllm's tokens",
-      BACKEND, "pass the step cases above first; this runs your backend in every layer and step")
+@lru_cache(maxsize=1)
+def reference_static() -> TraceResult:
+    return serve_static()
+
+
+@case(CASES, "serves the tiny model on a NaN-filled pool (chunks, a prefix hit, a preemption)",
+      BACKEND, "pass the step cases above first; this runs your backend in every layer and step, "
+      "with every slot NaN until written")
 def _(ex):
-    from minivllm.attention import AttentionBackend
-
-    backend = ex.PagedAttentionBackend()
-    if not isinstance(backend, AttentionBackend):
-        raise AssertionError("PagedAttentionBackend needs a `name` and a `forward(...)` "
-                             "(the AttentionBackend protocol)")
     # a quick probe first, so that a wrong backend fails here in a moment, not after a whole trace
-    probe = make_step([Seq(new=1, context=20), Seq(new=7, context=16)], seed=19)
-    expect_step(ex, probe, "probe before serving")
+    expect_step(ex, make_step([Seq(new=1, context=20), Seq(new=7, context=16)], seed=20),
+                "probe before serving")
     want = reference_run()
-    if want.preemptions == 0 or want.num_cached_tokens["shared"] < 32:
-        # minivllm's scheduling changed under this trace: it must be rebuilt
-        raise AssertionError(f"the trace lost its preemption or its prefix hit: {want}")
-    recorder = Recorded(backend)
-    got = serve_trace(recorder)
+    if want.num_preemptions == 0 or want.cached["shared"] < 32:
+        raise AssertionError(f"the trace lost its preemption or its prefix hit: {want.preemptions}, "
+                             f"{want.cached}")  # minivllm's scheduling changed: rebuild the trace
+    recorder = Recorded(own_backend(ex))
+    got = serve_trace(recorder, poisoned=True)
     recorder.reraise()
-    if max(got.max_query_lens) != 32 or got.num_cached_tokens["shared"] < 32:
+    if max(n for s in got.steps for _, n in s.batch) != 32 or got.cached["shared"] < 32:
         raise AssertionError("the trace no longer has a 32-token chunk and a prefix hit")
-    expect_same_tokens(want.tokens, got.tokens,
-                       "chunked prefill, a prefix hit and a preemption on 8 blocks")
+    expect_same_tokens(want.tokens, got.tokens, "chunked prefill, a prefix hit and a preemption on 8 blocks")
 
 
-@case(CASES, "serves the tiny model, static batching: padding rows, idle seats (slot -1)", BACKEND,
-      "rows with slot -1 must not be stored: in Python, index -1 is the cache's last slot")
+@case(CASES, "serves the tiny model, static batching on a NaN-filled pool: padding rows, idle seats",
+      BACKEND, "rows with slot -1 must not be stored, and their slots, never written, hold NaN here")
 def _(ex):
-    probe = make_step([Seq(new=2, pad=3), Seq(new=0, context=5, pad=1)], seed=20)
-    expect_step(ex, probe, "probe before serving")
-    recorder = Recorded(ex.PagedAttentionBackend())
-    got = static_tokens(recorder)
+    expect_step(ex, make_step([Seq(new=2, pad=3), Seq(new=0, context=5, pad=1)], padding=float("nan"), seed=21),
+                "probe before serving")
+    recorder = Recorded(own_backend(ex))
+    got = serve_static(recorder, poisoned=True)
     recorder.reraise()
-    expect_same_tokens(reference_static_tokens(), got,
-                       "static batches of 3, prompts padded to the longest")
+    if not any(s.num_padding_tokens for s in got.steps):
+        raise AssertionError("the static trace lost its padding rows")
+    expect_same_tokens(reference_static().tokens, got.tokens, "static batches of 3, prompts padded to the longest")
