@@ -39,8 +39,8 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
     "ex02_continuous": (
         "minivllm.core.scheduler:Scheduler.schedule",
         "minivllm.core.scheduler:Scheduler._schedule_waiting",
-        "minivllm.core.scheduler:SchedulerBase.update_from_output",
-        "minivllm.core.scheduler:SchedulerBase.finish_requests",
+        "minivllm.core.scheduler:Scheduler.update_from_output",
+        "minivllm.core.scheduler:Scheduler.finish_requests",
     ),
     "ex03_chunked_prefill": (
         "minivllm.core.scheduler:Scheduler._schedule_running",
