@@ -215,24 +215,42 @@ MUTANTS = [
     # ex02: a prompt that exactly fills the budget refused
     ("ex02_continuous", "if req.num_tokens > budget:", "if req.num_tokens >= budget:"),
     # the newest running request decoded first
-    ("ex02_continuous", "for req in self.running:  # decode", "for req in reversed(self.running):  # decode"),
+    ("ex02_continuous", "for req in self.running:  # one token each, the oldest first",
+     "for req in reversed(self.running):  # one token each, the oldest first"),
     # a smaller prompt overtakes the head of the queue
     ("ex02_continuous", "if req.num_tokens > budget:\n                break",
      "if req.num_tokens > budget:\n                self.waiting.rotate(-1)\n                break"),
     # one seat too many
     ("ex02_continuous", "len(self.running) < self.config.max_num_seqs", "len(self.running) <= self.config.max_num_seqs"),
+    # the seats counted once, before the step's admissions
+    ("ex02_continuous", "while self.waiting and len(self.running) < self.config.max_num_seqs:",
+     "seats = self.config.max_num_seqs - len(self.running)\n        while self.waiting and seats > 0:"),
+    # the decodes not paid from the budget
+    ("ex02_continuous", "            budget -= 1\n", "            budget -= 0\n"),
+    # a decode that does not advance num_computed_tokens
+    ("ex02_continuous", "req.num_computed_tokens += 1", "pass"),
+    # a request that does not fit the pool skipped instead of waited for
+    ("ex02_continuous", "break  # no room for its prompt yet: it waits, and everyone behind it too",
+     "self.waiting.rotate(-1)\n                break"),
+    # the length cap forgotten
+    ("ex02_continuous", "req.check_stop(token, self.config.max_model_len)", "req.check_stop(token, 10**9)"),
     # a finished request keeps its KV blocks
     ("ex02_continuous", "self.kv.free(req)", "pass"),
     # a finished request stays in self.requests
     ("ex02_continuous", "del self.requests[req.request_id]", "pass"),
     # an admitted request never marked RUNNING
     ("ex02_continuous", "req.status = RequestStatus.RUNNING", "pass"),
+    # an aborted request keeps its blocks
+    ("ex02_continuous", "self.kv.free(req)\n            req.status = status", "req.status = status"),
+    # an aborted request that was running stays in the batch
+    ("ex02_continuous", "if req in self.running:\n                self.running.remove(req)\n            else:\n"
+     "                self.waiting.remove(req)", "if req not in self.running:\n                self.waiting.remove(req)"),
     # ex03: a request still prefilling gets one token per step, as if it were decoding
     ("ex03_chunked_prefill", "num_new = min(req.num_tokens - req.num_computed_tokens, budget)", "num_new = 1"),
     # admission still wants the whole prompt
     ("ex03_chunked_prefill", "num_new = min(req.num_tokens, budget)", "num_new = req.num_tokens"),
     # the oldest running request preempted instead of the newest
-    ("ex03_chunked_prefill", "victim = self.running[-1]", "victim = self.running[0]"),
+    ("ex03_chunked_prefill", "victim = self.running.pop()", "victim = self.running.pop(0)"),
     # admissions continue in a step that preempted
     ("ex03_chunked_prefill", "if out.preempted:\n            return out", "if False:\n            return out"),
     # a request that preempted itself keeps trying
@@ -240,6 +258,18 @@ MUTANTS = [
     # a request preempted earlier in the step scheduled anyway
     ("ex03_chunked_prefill", "if req.status is not RequestStatus.RUNNING:\n                continue",
      "if False:\n                continue"),
+    # a victim keeps its blocks
+    ("ex03_chunked_prefill", "self.kv.free(victim)", "pass"),
+    # a victim resumes from where it was instead of recomputing
+    ("ex03_chunked_prefill", "victim.num_computed_tokens = 0", "pass"),
+    # a victim sent to the back of the queue
+    ("ex03_chunked_prefill", "self.waiting.appendleft(victim)", "self.waiting.append(victim)"),
+    # a preemption not counted on the request
+    ("ex03_chunked_prefill", "victim.num_preemptions += 1", "pass"),
+    # a victim not reported in the step's plan
+    ("ex03_chunked_prefill", "out.preempted.append(victim)", "pass"),
+    # a victim left with status RUNNING
+    ("ex03_chunked_prefill", "victim.status = RequestStatus.PREEMPTED", "pass"),
     # steps_to_first_token ignoring the decodes (passed every case before (1000, 100, 50) -> 20)
     ("ex03_chunked_prefill", "per_step = token_budget - num_decoding", "per_step = token_budget"),
     ("ex03_chunked_prefill", "if per_step <= 0:", "if per_step < 0:"),
@@ -633,7 +663,7 @@ def test_working_by_name_gives_its_notice_once(capsys, monkeypatch):
 # --- the machinery behind the plug-in exercises ---------------------------------------------------
 def test_protocol_only_kv_refuses_what_the_protocol_does_not_offer():
     from minivllm.core.kv_cache_manager import KVCacheManager
-    from minivllm.course.scheduling import ProtocolOnlyKV
+    from minivllm.course.reference import ProtocolOnlyKV
 
     kv = ProtocolOnlyKV(KVCacheManager(8, 16, enable_caching=False))
     assert kv.num_free_blocks == 8 and kv.block_size == 16
@@ -653,19 +683,6 @@ def test_a_scheduler_that_reaches_past_the_protocol_fails_its_check(tmp_path):
                        course.cases_for("ex02_continuous"), "mutant")
     assert not report.passed
     assert any("not part of the KVCacheManager protocol" in r.message for r in report.results)
-
-
-def test_scheduler_base_refuses_the_other_prefill_mode():
-    from minivllm.core.kv_cache_manager import KVCacheManager
-    from minivllm.core.scheduler import SchedulerConfig
-
-    ex02 = course.load("ex02_continuous", solutions=True)
-    ex03 = course.load("ex03_chunked_prefill", solutions=True)
-    with pytest.raises(ValueError, match="computes whole prompts"):
-        ex02.ContinuousScheduler(SchedulerConfig(enable_chunked_prefill=True), KVCacheManager(8, 16))
-    with pytest.raises(ValueError, match="cuts prompts into chunks"):
-        ex03.ChunkedScheduler(SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=4096,
-                                              max_model_len=4096), KVCacheManager(8, 16))
 
 
 def test_ex03_extends_the_working_exercise_02(capsys):

@@ -201,7 +201,8 @@ def test_the_example_in_docs_course_md_runs_and_catches_an_admission_after_a_pre
                     self.waiting.popleft()
                     req.status = type(req.status).RUNNING
                     self.running.append(req)
-                    self.add_to_batch(out, req, 1, table)
+                    out.add(req, 0, 1, table)
+                    req.num_computed_tokens = 1
             return out
 
     with pytest.raises(StepMismatch, match="3 blocks: max_num_seqs=4"):

@@ -1,12 +1,12 @@
 """Serve the tiny model with a student's scheduler and with minivllm's own, and compare.
 
 The last check of exercises 02 and 03: the student's class goes into ``LLM(scheduler=...)``
-(its KV cache manager wrapped in :class:`~minivllm.course.scheduling.ProtocolOnlyKV`, with
+(its KV cache manager wrapped in :class:`~minivllm.course.reference.ProtocolOnlyKV`, with
 ``debug_checks=True`` so that every K/V read is checked to have been written for that very
-token), requests arrive over several steps, and the run must make the same decision at every
-step and produce the same greedy tokens as ``LLM(scheduler="continuous")`` with the same
-settings. The step count is bounded, so a scheduler that never retires anyone fails instead of
-looping.
+token), requests arrive over several steps, and the run must keep the limits after every step
+(:class:`~minivllm.course.reference.CheckedRun`), make the same decision at every step and
+produce the same greedy tokens as ``LLM(scheduler="continuous")`` with the same settings. The
+step count is bounded, so a scheduler that never retires anyone fails instead of looping.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from collections.abc import Sequence
 from minivllm.course.harness import (
     TraceRequest,
     TraceResult,
-    TraceRun,
     expect_same_steps,
     expect_same_tokens,
+    run_trace,
 )
-from minivllm.course.reference import DECISIONS
+from minivllm.course.reference import SCHEDULER_FIELDS, CheckedRun, protocol_only
 from minivllm.course.runtime import configure
-from minivllm.course.scheduling import ProtocolOnlyKV
 
 # Prompts in the tiny model's world, of ragged lengths (5 to about 60 tokens).
 STORY_PROMPTS = [
@@ -38,51 +37,31 @@ STORY_PROMPTS = [
 ]
 
 
-def protocol_only(factory):
-    """``factory(config, kv)`` given only the ``KVCacheManager`` protocol of ``kv``."""
-
-    def build(config, kv):
-        return factory(config, ProtocolOnlyKV(kv))
-
-    return build
-
-
-def _run(scheduler, prompts, arrivals, max_tokens, max_steps, ignore_eos, engine_args) -> TraceRun:
-    from minivllm import LLM
-
-    _, dtype = configure()
-    args = dict(dtype=dtype, seed=0, enable_prefix_caching=False, debug_checks=True)
-    args.update(engine_args)
-    arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
-    wanted = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
-    trace = [TraceRequest(f"p{i}", p, wanted[i], arrivals[i], ignore_eos=ignore_eos) for i, p in enumerate(prompts)]
-    return TraceRun(LLM(scheduler=scheduler, **args), trace, max_steps=max_steps)
-
-
-def serve(
-    scheduler,
-    prompts: Sequence[str | list[int]] = STORY_PROMPTS,
-    arrivals: Sequence[int] | None = None,
-    max_tokens: int | Sequence[int] = 16,
-    max_steps: int = 500,
-    ignore_eos: bool = False,
-    **engine_args,
-) -> TraceResult:
-    """Serve ``prompts`` (text or token ids; request ``p{i}`` joins before step ``arrivals[i]``,
-    wants ``max_tokens`` or ``max_tokens[i]`` tokens) greedily with
-    ``LLM(scheduler=scheduler, **engine_args)``; every step is recorded."""
-    return _run(scheduler, prompts, arrivals, max_tokens, max_steps, ignore_eos, engine_args).finish()
+def story_trace(arrivals: Sequence[int], max_tokens: int = 16) -> list[TraceRequest]:
+    """:data:`STORY_PROMPTS` as a trace: request ``p{i}`` joins before step ``arrivals[i]`` and
+    wants ``max_tokens`` tokens, greedily, stopping early at the end of its story (EOS)."""
+    return [TraceRequest(f"p{i}", p, max_tokens, at, ignore_eos=False)
+            for i, (p, at) in enumerate(zip(STORY_PROMPTS, arrivals, strict=True))]
 
 
 def compare_on_engine(factory, arrivals: Sequence[int], label: str = "", max_tokens: int = 16,
                       **engine_args) -> tuple[TraceResult, TraceResult]:
-    """Serve :data:`STORY_PROMPTS` with minivllm's scheduler, then with the student's, step by
-    step; raise at the first step whose decisions differ (the batch, the preempted, the ended,
-    the KV blocks in use), or at the first request whose tokens differ. Returns ``(student's
-    run, minivllm's run)``."""
-    reference = serve("continuous", arrivals=arrivals, max_tokens=max_tokens, **engine_args)
-    mine = _run(protocol_only(factory), STORY_PROMPTS, arrivals, max_tokens, 500, False, engine_args)
+    """Serve :func:`story_trace` with minivllm's scheduler, then with ``factory``'s (given only
+    the KV cache manager's protocol), step by step; raise at the first step that breaks a limit
+    or whose decisions differ (the batch, the preempted, the ended, the KV blocks in use, the
+    queue), or at the first request whose tokens differ. Returns ``(its run, minivllm's)``."""
+    from minivllm import LLM
+
+    _, dtype = configure()
+    args = dict(dtype=dtype, seed=0, enable_prefix_caching=False, debug_checks=True, **engine_args)
+    trace = story_trace(arrivals, max_tokens)
+    reference_llm = LLM(scheduler="continuous", **args)
+    reference = run_trace(reference_llm, trace, max_steps=500)
+    limits = reference_llm.engine.core.scheduler.config
     settings = "LLM(" + ", ".join(f"{k}={v}" for k, v in engine_args.items()) + ")"
-    expect_same_steps(reference, mine, DECISIONS, label, settings)
+    mine = CheckedRun(LLM(scheduler=protocol_only(factory), **args), trace, max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens, settings=settings, label=label,
+                      max_steps=500)
+    expect_same_steps(reference, mine, SCHEDULER_FIELDS, label, settings)
     expect_same_tokens(reference.tokens, mine.result.tokens, f"{label + ': ' if label else ''}greedy tokens")
     return mine.result, reference

@@ -40,8 +40,13 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.core.scheduler:Scheduler.schedule",
         "minivllm.core.scheduler:Scheduler._schedule_waiting",
         "minivllm.core.scheduler:Scheduler.update_from_output",
+        "minivllm.core.scheduler:Scheduler.finish_requests",
     ),
-    "ex03_chunked_prefill": ("minivllm.core.scheduler:Scheduler._schedule_running",),
+    "ex03_chunked_prefill": (
+        "minivllm.core.scheduler:Scheduler._schedule_running",
+        "minivllm.core.scheduler:Scheduler._make_room",
+        "minivllm.core.scheduler:Scheduler._preempt",
+    ),
     "ex04_block_allocator": (
         "minivllm.core.block_pool:BlockPool.get_new_blocks",
         "minivllm.core.block_pool:BlockPool.free_blocks",

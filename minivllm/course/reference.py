@@ -1,21 +1,22 @@
-"""Replay a request trace through a scheduler without a model, to grade a student's scheduler.
+"""The scheduler rig: request traces through any scheduler, without a model, next to minivllm's.
 
 A scheduler only needs to be told which token each scheduled request sampled, and here every
-request stops on its length (``ignore_eos``, no stop token). So a trace of prompt lengths,
-output lengths and arrival steps is enough to replay exactly what the engine's scheduler would
-decide, step by step: minivllm's ``EngineCore`` runs the scheduler (minivllm's own
-:class:`~minivllm.core.scheduler.Scheduler`, or any object that meets the ``Scheduler``
+request stops on its length or a stop token. So a trace of prompt lengths, output lengths and
+arrival (and abort) steps is enough to replay exactly what the engine's scheduler would decide,
+step by step: minivllm's ``EngineCore`` runs the scheduler (minivllm's own
+:class:`~minivllm.core.scheduler.Scheduler`, or any object that meets the ``SchedulerInterface``
 protocol) over a KV pool and :class:`~minivllm.course.harness.FakeExecutor`.
 
+* :class:`Replay` steps a scheduler factory through a trace, one step per ``next()``;
 * :func:`run_reference` replays minivllm's scheduler (continuous, or the static baseline);
-* :class:`Replay` steps any scheduler factory through a trace, one step per ``step()``;
-* :func:`compare_with_reference` runs a student's scheduler next to the reference and raises
+* :func:`compare_with_reference` runs a scheduler next to minivllm's and raises
   :class:`~minivllm.course.harness.StepMismatch` at the first step where they disagree, with
   the state before that step.
 
-Every scheduler but minivllm's own gets its KV cache manager through
-:class:`~minivllm.course.scheduling.ProtocolOnlyKV`, so a scheduler that passes uses only the
-``KVCacheManager`` protocol.
+Every scheduler but minivllm's own gets its KV cache manager through :class:`ProtocolOnlyKV`, so a
+scheduler that passes uses only the ``KVCacheManager`` protocol, and its run is checked after
+every step against the limits every scheduler keeps (:class:`CheckedRun`): the token budget, the
+seats, the pool's accounting.
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ import random
 from collections.abc import Callable, Sequence
 
 from minivllm.core.engine_core import EngineCore
+from minivllm.core.interfaces import KVCacheManagerInterface, protocol_members
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
+from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
     FakeExecutor,
+    StepMismatch,
     StepRecord,
     TraceRequest,
+    TraceResult,
     TraceRun,
     expect_same_steps,
 )
-from minivllm.course.scheduling import ProtocolOnlyKV
 from minivllm.math_utils import cdiv
 from minivllm.metrics import EngineStats
 
@@ -43,6 +47,13 @@ SchedulerFactory = Callable[[SchedulerConfig, object], object]
 REFERENCE_SCHEDULERS: dict[str, SchedulerFactory] = {"continuous": Scheduler, "static": StaticBatchScheduler}
 # what two schedulers must agree on at every step, in the order a difference is reported
 DECISIONS = ("batch", "sampled", "preempted", "ended", "kv_blocks_used")
+# ... and, for a scheduler written from the protocol, the size of its waiting queue after the step
+SCHEDULER_FIELDS = DECISIONS + ("num_waiting",)
+
+__all__ = [
+    "DECISIONS", "SCHEDULER_FIELDS", "CheckedRun", "ProtocolOnlyKV", "Replay", "TraceRequest",
+    "blocks_to_never_fill", "compare_with_reference", "random_trace", "run_reference", "scheduler_config",
+]
 
 
 def random_trace(
@@ -51,13 +62,18 @@ def random_trace(
     prompt_range: tuple[int, int] = (1, 64),
     output_range: tuple[int, int] = (1, 24),
     max_arrival_gap: int = 3,
+    abort_share: float = 0.0,
 ) -> list[TraceRequest]:
-    """A seeded trace with ragged lengths and bursty arrivals (gaps of 0..max_arrival_gap)."""
+    """A seeded trace with ragged lengths and bursty arrivals (gaps of 0..max_arrival_gap);
+    ``abort_share`` of the requests are aborted 0-12 steps after they arrive (waiting, in the
+    middle of their prompt or decoding, or after they ended, depending on the scheduler)."""
     rng = random.Random(seed)
     trace, t = [], 0
     for i in range(num_requests):
         t += rng.randint(0, max_arrival_gap)
-        trace.append(TraceRequest(f"r{i}", rng.randint(*prompt_range), rng.randint(*output_range), t))
+        abort = t + rng.randint(0, 12) if rng.random() < abort_share else None
+        trace.append(TraceRequest(f"r{i}", rng.randint(*prompt_range), rng.randint(*output_range), t,
+                                  abort_step=abort))
     return trace
 
 
@@ -66,22 +82,107 @@ def blocks_to_never_fill(trace: Sequence[TraceRequest], block_size: int = 16) ->
     return sum(cdiv(r.prompt_len + r.max_tokens, block_size) for r in trace) + 1
 
 
-def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool) -> SchedulerConfig:
-    """A config without a length cap: requests stop on their ``max_tokens`` only."""
+def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+                     max_model_len: int | None = None) -> SchedulerConfig:
+    """A config whose length cap is ``max_model_len`` (``None``: no cap, requests stop on their
+    ``max_tokens``). Without chunked prefill the budget must cover the cap, as the engine
+    requires; with no cap it is not checked."""
     cfg = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_num_batched_tokens,  # passes the unchunked check; lifted below
+        max_model_len=max_num_batched_tokens if max_model_len is None else max_model_len,
         enable_chunked_prefill=enable_chunked_prefill,
     )
-    cfg.max_model_len = NO_LENGTH_CAP
+    if max_model_len is None:
+        cfg.max_model_len = NO_LENGTH_CAP
     return cfg
 
 
-class Replay(TraceRun):
+class ProtocolOnlyKV:
+    """A KV cache manager seen only through the ``KVCacheManager`` protocol.
+
+    Wraps a manager and forwards the protocol's members; anything else raises an
+    ``AttributeError`` that says so. The checks give this to a student's scheduler, so that a
+    scheduler that passes them also runs over any other manager (notebook 08 plugs in the
+    student's own)."""
+
+    _ALLOWED = frozenset(protocol_members(KVCacheManagerInterface))
+
+    def __init__(self, inner: KVCacheManagerInterface):
+        object.__setattr__(self, "_inner", inner)
+
+    def __getattr__(self, name: str):
+        if name in ProtocolOnlyKV._ALLOWED:
+            return getattr(self._inner, name)
+        raise AttributeError(
+            f"{name!r} is not part of the KVCacheManager protocol; a scheduler may use only "
+            f"{', '.join(sorted(ProtocolOnlyKV._ALLOWED))}"
+        )
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a scheduler must not change its KV cache manager (tried to set {name!r})")
+
+    def __repr__(self) -> str:
+        return f"ProtocolOnlyKV({type(self._inner).__name__}, {self._inner.num_blocks} blocks)"
+
+
+def protocol_only(factory: SchedulerFactory) -> SchedulerFactory:
+    """``factory(config, kv)`` given only the ``KVCacheManager`` protocol of ``kv`` (for
+    ``LLM(scheduler=...)``)."""
+
+    def build(config, kv):
+        return factory(config, ProtocolOnlyKV(kv))
+
+    return build
+
+
+class CheckedRun(TraceRun):
+    """A :class:`~minivllm.course.harness.TraceRun` that checks, after every step, what every
+    scheduler must keep whatever it decides: at most ``max_num_batched_tokens`` tokens computed,
+    at most ``max_num_seqs`` requests in the batch and running, no request in the batch with no
+    token or twice. A step that breaks one raises :class:`StepMismatch` with the state before
+    it (``check_limits=False`` turns this off, for minivllm's static baseline, whose prefill pass
+    is a whole batch's prompts). The pool's accounting is checked too (``check_pool``), through
+    the protocol."""
+
+    def __init__(self, target, trace: Sequence[TraceRequest], *, max_num_seqs: int, max_num_batched_tokens: int,
+                 settings: str = "", label: str = "", check_limits: bool = True, **options):
+        super().__init__(target, trace, label=label, **options)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.check_limits = check_limits
+        self._settings, self._label = settings, label
+
+    def settings(self) -> str:
+        return self._settings
+
+    def __next__(self) -> StepRecord:
+        rec = super().__next__()
+        if not self.check_limits:
+            return rec
+        total = sum(n for _, n in rec.batch)
+        ids = [rid for rid, _ in rec.batch]
+        broken = []
+        if total > self.max_num_batched_tokens:
+            broken.append(("tokens computed (the budget)", f"at most {self.max_num_batched_tokens}", total))
+        if len(ids) > self.max_num_seqs:
+            broken.append(("requests in the batch (the seats)", f"at most {self.max_num_seqs}", len(ids)))
+        if len(rec.blocks_held) > self.max_num_seqs:
+            broken.append(("requests running after the step (the seats)", f"at most {self.max_num_seqs}",
+                           sorted(rec.blocks_held)))
+        if len(set(ids)) != len(ids) or any(n < 1 for _, n in rec.batch):
+            broken.append(("batch entries", "each request at most once, with at least one token", rec.batch))
+        if broken:
+            what, expected, got = broken[0]
+            raise StepMismatch(self._label, self._settings, rec, what, expected, got)
+        return rec
+
+
+class Replay(CheckedRun):
     """Drive the scheduler ``factory(config, kv)`` builds (a class such as ``Scheduler`` will do)
-    over ``trace`` without a model; ``step()`` runs one engine step and returns its record.
-    ``num_kv_blocks=None`` sizes the pool so that it never fills."""
+    over ``trace`` without a model; iterating runs one engine step at a time and yields its
+    record. ``num_kv_blocks=None`` sizes the pool so that it never fills; ``max_model_len=None``
+    lets requests stop on their ``max_tokens`` only; ``vocab > 1`` samples seeded tokens (for
+    traces with stop tokens), else every token is 0."""
 
     def __init__(
         self,
@@ -93,7 +194,10 @@ class Replay(TraceRun):
         enable_chunked_prefill: bool = False,
         num_kv_blocks: int | None = None,
         block_size: int = 16,
+        max_model_len: int | None = None,
+        vocab: int = 1,
         max_steps: int = 100_000,
+        label: str = "",
     ):
         if not enable_chunked_prefill:
             too_long = [r.request_id for r in trace if r.prompt_len > max_num_batched_tokens]
@@ -101,22 +205,20 @@ class Replay(TraceRun):
                 raise ValueError(f"without chunking, prompts longer than the budget never run: {too_long}")
         self.num_blocks = num_kv_blocks or blocks_to_never_fill(trace, block_size)
         self.block_size = block_size
-        self.config = scheduler_config(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        self.config = scheduler_config(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, max_model_len)
         kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
-        if factory not in REFERENCE_SCHEDULERS.values():  # minivllm's own need no policing
+        mine = factory not in REFERENCE_SCHEDULERS.values()  # minivllm's own need no policing
+        if mine:
             kv = ProtocolOnlyKV(kv)
-        executor = FakeExecutor(vocab=1, logprobs=False)  # requests end on their length
+        executor = FakeExecutor(vocab=vocab, logprobs=False)
         core = EngineCore(factory(self.config, kv), executor, clock=executor.clock, stats=EngineStats(window=None))
-        super().__init__(core, trace, max_steps=max_steps, check_pool=False)  # minivllm's manager
-
-    def settings(self) -> str:
-        cfg = self.config
-        return (f"max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens}, "
-                f"chunked prefill {'on' if cfg.enable_chunked_prefill else 'off'}, "
-                f"KV pool of {self.num_blocks} blocks x {self.block_size} tokens")
-
-    def step(self) -> StepRecord:
-        return next(self)
+        cap = "" if max_model_len is None else f", max_model_len={max_model_len}"
+        settings = (f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens}{cap}, "
+                    f"chunked prefill {'on' if enable_chunked_prefill else 'off'}, "
+                    f"KV pool of {self.num_blocks} blocks x {block_size} tokens")
+        super().__init__(core, trace, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         settings=settings, label=label, max_steps=max_steps, check_pool=mine,
+                         check_limits=mine)
 
 
 def run_reference(
@@ -140,13 +242,26 @@ def run_reference(
     return list(replay)
 
 
+def expect_same_preemptions(expected: TraceResult, got: TraceResult, where: str) -> None:
+    """Every request counted as often in ``Request.num_preemptions`` (its metrics report it) as
+    minivllm's scheduler counted it."""
+    want = {rid: r.num_preemptions for rid, r in expected.requests.items()}
+    have = {rid: r.num_preemptions for rid, r in got.requests.items()}
+    if want != have:
+        wrong = sorted(rid for rid in want if want[rid] != have.get(rid))
+        raise Mismatch({r: want[r] for r in wrong}, {r: have.get(r) for r in wrong},
+                       f"{where}: Request.num_preemptions at the end")
+
+
 def compare_with_reference(factory: SchedulerFactory, trace: Sequence[TraceRequest], *, label: str = "",
                            **settings) -> list[StepRecord]:
     """Run the scheduler ``factory`` builds next to minivllm's ``Scheduler`` (same
-    :class:`Replay` ``settings``, same pool), step by step, and raise at the first step where the
-    batch, the requests that sample, the preempted ones, the ones that ended (and how) or the KV
-    blocks in use differ, or where a queued request has the wrong status. Returns the student's
-    steps."""
+    :class:`Replay` ``settings``, same pool), step by step, and raise at the first step where
+    the batch, the requests that sample, the preempted ones, the ones that ended (and how), the
+    KV blocks in use or the requests left waiting differ, where a queued request has the wrong
+    status, or where the scheduler breaks a limit (:class:`CheckedRun`). Returns its steps."""
     expected = Replay(Scheduler, trace, **settings).finish()
-    mine = Replay(factory, trace, **settings)
-    return expect_same_steps(expected, mine, DECISIONS, label, mine.settings())
+    mine = Replay(factory, trace, label=label, **settings)
+    steps = expect_same_steps(expected, mine, SCHEDULER_FIELDS, label, mine.settings())
+    expect_same_preemptions(expected, mine.result, ", ".join(x for x in (label, mine.settings()) if x))
+    return steps

@@ -1,8 +1,8 @@
 """Pictures and printouts the Part I notebooks share, drawn from per-step scheduler decisions.
 
-- :func:`lanes` / :func:`plot_lanes` turn the steps of a replay (the student's scheduler or
-  minivllm's, :mod:`minivllm.course.reference`) into one lane per request: waiting, prefill
-  (or recompute after a preemption), decode, done;
+- :func:`lanes` / :func:`plot_lanes` turn the steps of a run (``minivllm.course.harness``
+  records, on the engine or a replay) into one lane per request: waiting, prefill (or
+  recompute after a preemption), decode, done;
 - :func:`budget_split` / :func:`plot_budget` / :func:`describe_step` show how each step's token
   budget was spent: decode tokens, prompt slices, and what was left over;
 - :func:`plot_static_seats` draws a static batch's seats: useful steps vs idle steps.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minivllm.course.reference import TraceRequest
+from minivllm.course.harness import TraceRequest
 
 WAIT, PREFILL, DECODE, DONE, ABSENT = 1, 3, 2, 0, -1
 

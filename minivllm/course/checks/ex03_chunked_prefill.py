@@ -16,15 +16,16 @@ from minivllm.course.reference import (
 CASES: list[Case] = []
 
 
-def compare(ex, trace, max_num_seqs: int, budget: int, num_kv_blocks: int | None = None, label: str = ""):
+def compare(ex, trace, max_num_seqs: int, budget: int, num_kv_blocks: int | None = None, label: str = "",
+            **settings):
     return compare_with_reference(
         ex.ChunkedScheduler, trace, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-        enable_chunked_prefill=True, num_kv_blocks=num_kv_blocks, label=label,
+        enable_chunked_prefill=True, num_kv_blocks=num_kv_blocks, label=label, **settings,
     )
 
 
-def T(rid: str, prompt: int, out: int, arrival: int = 0) -> TraceRequest:
-    return TraceRequest(rid, prompt, out, arrival)
+def T(rid: str, prompt: int, out: int, arrival: int = 0, **kw) -> TraceRequest:
+    return TraceRequest(rid, prompt, out, arrival, **kw)
 
 
 def preempting(trace, max_num_seqs: int, budget: int, num_kv_blocks: int) -> list:
@@ -79,7 +80,8 @@ def _(ex):
 # --- a full pool -------------------------------------------------------------------------------------
 @case(CASES, "the pool fills: the newest running request is preempted", "schedule",
       "when allocate_slots returns None, the newest running request gives its blocks back "
-      "(self.preempt) and is recomputed later; the older one continues")
+      "(freed, its computed tokens back to 0, PREEMPTED, counted, listed in out.preempted, at the front "
+      "of the queue) and is recomputed later with the tokens it had generated; the older one continues")
 def _(ex):
     # two requests that each grow to 2 blocks of 16 tokens, in a pool of 3 blocks
     trace = preempting([T("old", 8, 14), T("new", 8, 14)], 4, 32, 3)
@@ -100,6 +102,34 @@ def _(ex):
     # with a 4-token budget the victim's first chunk would fit in the freed block at once
     trace = preempting([T("a", 8, 16), T("b", 8, 16)], 4, 4, 3)
     compare(ex, trace, max_num_seqs=4, budget=4, num_kv_blocks=3)
+
+
+@case(CASES, "a waiting request the pool cannot hold waits", "schedule",
+      "allocate_slots returned None for a waiting request: admission stops there, and nobody running is "
+      "preempted for it (nor does a smaller request behind it overtake it)")
+def _(ex):
+    # 'big' needs 3 of the 4 blocks 'a' leaves it 2 of; 'small' behind it would fit but must wait too
+    trace = [T("a", 20, 12), T("big", 40, 2, arrival=1), T("small", 2, 2, arrival=1)]
+    compare(ex, trace, max_num_seqs=4, budget=64, num_kv_blocks=4)
+
+
+@case(CASES, "chunks that end on a block's edge", "schedule",
+      "a chunk of exactly a block, then one token more: allocate_slots is asked for the tokens of this "
+      "step only, after num_computed_tokens")
+def _(ex):
+    compare(ex, [T("a", 48, 3), T("b", 17, 18, arrival=1)], max_num_seqs=2, budget=16, num_kv_blocks=5,
+            block_size=16)
+
+
+@case(CASES, "aborts while waiting, prefilling, preempted (seeded)", "finish_requests",
+      "a request aborted in the middle of its prompt or while it waits to be recomputed leaves with its "
+      "blocks freed; exercise 02's finish_requests must cover both")
+def _(ex):
+    for seed in range(10):
+        trace = random_trace(400 + seed, 6 + seed % 5, prompt_range=(10, 60), output_range=(4, 30),
+                             abort_share=0.4)
+        longest = max(-(-(r.prompt_len + r.max_tokens) // 16) for r in trace)
+        compare(ex, trace, max_num_seqs=3, budget=16, num_kv_blocks=longest + 1, label=f"seed {400 + seed}")
 
 
 @case(CASES, "20 random traces with small pools (seeded)", "schedule",
