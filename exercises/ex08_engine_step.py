@@ -2,78 +2,111 @@
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
 # `minivllm grade ex08` or `pytest -m ex08`. Stuck? `course.hint("ex08")` in the
 # notebook (or `minivllm hint ex08`) gives a hint, one at a time.
-"""Exercise 08: the engine's step loop -- one step from its parts.
+"""Exercise 08: the engine's step loop, with its failure handling.
 
 Notebook: notebooks/08_serving_loop.ipynb. Check your work with
 ``course.check(course.load("ex08_engine_step"))`` there, or ``pytest -m ex08``.
 
-``StepLoop`` is an ``EngineCore`` (``minivllm/core/engine_core.py``): it owns the scheduler
-(``self.scheduler``, and through it the KV cache manager ``self.kv``), the executor
-(``self.executor``: the model runner on the engine, a fake one in the checks), a clock
-(``self.clock()``) and the statistics (``self.stats``). ``LLM(engine_core=ex.StepLoop)`` runs
-the engine on it. You write the step; the parts of it that are not the loop itself are given
-as helpers in ``minivllm/course/engine_core_base.py`` (``begin_step``, ``fail_step``,
-``fail_rows``, ``fork_siblings``, ``record_finish``, ``record_step``, ``end_step``): read them.
+``StepLoop`` is an engine core (``EngineCoreBase``, ``minivllm/course/engine_core_base.py``):
+the base class holds the parts -- ``self.scheduler`` (and its KV cache manager ``self.kv``),
+``self.executor``, ``self.clock()``, ``self.stats`` -- takes requests in (the siblings of an
+``n > 1`` request wait in ``self.pending_siblings``) and ends them from outside
+(``self.finish_requests(ids, status)``), and reports every step ``step()`` returns to the step
+listeners. ``LLM(engine_core=ex.StepLoop)`` serves the model with it. The step is yours: it
+must leave the engine exactly as the rules below say, whatever happens inside it.
 
-What one step does:
+The rules (``plan`` is what ``self.scheduler.schedule()`` returned; ``start`` is the clock
+before that call, ``end`` the clock once the step's last token is appended or, for a failed
+step, once its requests have ended):
 
-1. the scheduler plans it (``SchedulerOutput``), and the plan is completed for the executor;
-2. the executor runs it and returns the sampled tokens (``ModelRunnerOutput``). If it raises,
-   the step fails as a whole: every request of it ends with an error, none of the K/V it may
-   have half-written joins the prefix cache, and the engine goes on with the other requests;
-3. the blocks the step filled hold K/V now: they may join the prefix cache -- not earlier;
-4. rows that could not be sampled end their requests; siblings of leaders that sampled fork;
-5. the sampled tokens (or, for beam search, the ones ``choose_tokens`` picks) are appended by
-   the scheduler, which ends the requests that must stop and frees their blocks; a request
-   that failed gets no token;
-6. the step is recorded: request timestamps, finished requests, one ``StepStats`` that
-   describes the engine as the step left it;
-7. a step that planned nothing while requests wait is an error (``end_step``).
+1. **Plan and run.** Each step plans once and runs the plan once
+   (``self.executor.execute(plan)``). Before it runs, the plan is completed: ``self.begin_step(
+   plan)`` (the base class: what ended since the last step, and the debug checks), and
+   ``plan.forks`` maps every leader that samples in this step and still has siblings waiting
+   (``self.pending_siblings``) to those siblings: the executor draws their first tokens from
+   the leader's row (``result.sampled`` then holds a token for each).
+2. **Written blocks.** The blocks a step filled join the prefix cache
+   (``self.kv.commit_written_blocks()``) only once the executor has returned -- and before
+   any request of the step gives its blocks back, so a request that ends in the step leaves
+   them cached for the next one with the same prefix.
+3. **The executor raises** (any ``Exception``): nothing is known to have been written, so
+   nothing of the step may join the prefix cache (``self.kv.discard_unwritten_blocks()``);
+   every request of the plan ends with status ``FINISHED_ERROR``, and so do the siblings
+   waiting on them; each one's entry in ``failed`` is ``"<type of the error>: <the error>"``
+   (``"RuntimeError: out of memory"``); the step is recorded (rule 8) and returns its output;
+   requests not in the plan are not touched, and the engine goes on with them. (Log the error
+   with ``logger.error(..., exc_info=err)``: a server must say why its requests failed.)
+4. **An interrupt** (``KeyboardInterrupt``: a ``BaseException`` that is not an ``Exception``)
+   is cleaned up exactly like rule 3, then goes on up out of ``step()``.
+5. **A row fails** (``result.failed``: request id -> message): that request and the siblings
+   waiting on it end with ``FINISHED_ERROR`` and the message, get no token even if the executor
+   drew one, and fork nothing; the other requests of the step go on untouched.
+6. **Forks.** A leader that got its token forks its waiting siblings that have not ended
+   (``self.scheduler.fork_request(leader, sibling)``: the sibling runs beside it sharing its
+   blocks if a seat is free, else waits for one) before any token of the step is appended, in
+   the plan's order of the leaders, each leader's siblings in their order; they no longer wait
+   in ``self.pending_siblings``.
+7. **Tokens.** The tokens appended are ``result.sampled`` -- or, with ``choose_tokens`` (beam
+   search), ``choose_tokens(plan, result)`` -- less those of failed requests, by one call of
+   ``self.scheduler.update_from_output(tokens)``, which appends them, applies the stop rules,
+   frees the blocks of the requests that end and returns those.
+8. **Statistics**, one record per step, failed or not: ``self.stats.record_step(self.scheduler,
+   plan, start, end - start, prefix_cache_queries=..., prefix_cache_hits=...,
+   num_forked_tokens=...)``, called once the step's requests have their tokens and the finished
+   ones their blocks back (it reads the engine's state). A request of the plan scheduled for the
+   first time (its ``first_scheduled_time`` still ``None`` when the step was planned) counts its
+   ``num_tokens`` as queries and its tokens already computed in the plan (``plan.num_computed``)
+   as hits, and those become its ``num_cached_tokens``. Each sibling that forked *and got a seat*
+   counts its leader's ``num_computed_tokens`` as forked tokens.
+9. **Timestamps** live on the request, stamped once each: ``first_scheduled_time`` = ``start``
+   of the first step that computed any of its tokens (a failed step computed nothing; a sibling's
+   is the step that gave it its first token), stamped before anything of the step is recorded;
+   ``first_token_time`` = ``end`` of the step that appended its first token.
+10. **Finished.** Every request the step ends is recorded, once, with ``self.record_finish(req,
+    end)``, which stamps its finished time and hands the request to the statistics -- they keep
+    the times it has then. ``finish_requests`` does this for the requests it ends.
+11. **The output**: ``StepOutput(plan, start, end, sampled=<the tokens appended>,
+    finished=<every request that ended in the step>, failed=<request id -> message>,
+    logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)``.
+12. **No stall.** A step whose plan holds no request, preempted none and ended none while the
+    scheduler still has unfinished requests raises ``EngineStalledError``: nobody will ever run.
 
-The checks drive your class with minivllm's scheduler and KV cache manager and a fake executor,
-next to minivllm's ``EngineCore``, and compare every step: the plan, the tokens, who finished
-and failed, the statistics and the timestamps; then the tiny model is served with it
+One step, for example: the plan is ``a`` (decoding), ``p`` (the last token of its prompt; ``n =
+2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns ``sampled = {a: 11,
+p: 4, p#1: 9}`` and ``failed = {c: "logits are not finite"}``. After the step ``c`` has ended
+with an error and no token, ``p#1`` runs beside ``p`` on ``p``'s blocks, ``a``, ``p`` and ``p#1``
+have one more token each (``p`` and ``p#1`` their first: their ``first_token_time`` is the
+step's end), the output holds ``sampled = {a: 11, p: 4, p#1: 9}``, ``finished = [c]``,
+``failed = {c: "logits are not finite"}``, and one ``StepStats`` describes the engine after it.
+
+The checks run your class and minivllm's ``EngineCore`` side by side over minivllm's scheduler
+and KV cache manager with a fake executor that can fail rows, raise, or be interrupted, and
+compare every step (the calls made, the plan, the tokens, who ended and how, the statistics,
+the times) and every request's timestamps; then they serve the tiny model with your loop
 (``debug_checks=True``), and finally the engine assembled from all your exercises
 (``minivllm/course/capstone.py``).
 """
 
 from __future__ import annotations
 
-from minivllm.core.engine_core import StepOutput
-from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.course.engine_core_base import EngineCoreBase, TokenChooser
+import logging
+
+from minivllm.core.engine_core import EngineStalledError, StepOutput, TokenChooser
+from minivllm.course.engine_core_base import EngineCoreBase
+from minivllm.request import RequestStatus
 
 NOTEBOOK = "notebooks/08_serving_loop.ipynb"
+
+logger = logging.getLogger("minivllm")
 
 
 class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
     def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        """Run one step and return what it did: a ``StepOutput`` with the plan, the
-        step's start and end time (``self.clock()``), the tokens appended (``sampled``), the
-        requests that ended (``finished``; those that failed also in ``failed``) and the
-        executor's ``logprobs`` and ``prompt_logprobs``.
+        """Run one engine step by the rules of this module's docstring and return its
+        ``StepOutput``.
 
         ``choose_tokens(plan, result)``, when given (beam search), returns the tokens to append
         in place of ``result.sampled``."""
-        raise NotImplementedError("ex08 StepLoop.step: What it must do is in its docstring. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")
-
-    def record_request_times(
-        self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float
-    ) -> None:
-        """Stamp the two times the latency metrics start from, on each request
-        (``req.first_scheduled_time``, ``req.first_token_time``) and in ``self.stats``
-        (``record_scheduled(request_id, t)``, ``record_first_token(request_id, t)``), only the
-        first time each happens:
-
-        * first scheduled: ``start`` of the first step that computed any of its tokens (a
-          sibling that forked off its leader: the step in which it got its first token);
-        * first token: ``now``, the end of the step that produced its first token.
-
-        ``out`` is the step's plan; ``sampled``: request id -> the token appended this step.
-        Each of those requests is in the plan (``out.requests``), or is a sibling that forked
-        this step (``out.forks``: leader id -> siblings), or -- beam search forks beams while it
-        chooses tokens -- in ``self.scheduler.requests``. The scheduler has already appended the
-        tokens, and a request that finished has left ``self.scheduler``."""
-        raise NotImplementedError("ex08 StepLoop.record_request_times: What it must do is in its docstring. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")
+        raise NotImplementedError("ex08 StepLoop.step: Run one engine step by the rules of this module's docstring and return its ``StepOutput``. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")

@@ -49,10 +49,12 @@ class StepStats:
 class EngineStats:
     """Statistics of an engine (or a simulator) run: per-step and per-request.
 
-    ``steps`` keeps (at least) the most recent ``window`` steps and ``requests`` every live
-    request plus the most recent ``window`` finished ones, so a long-running server uses bounded memory
-    (``window=None`` keeps everything). :meth:`summary` reads running totals, so it covers the
-    whole run whatever the window.
+    ``steps`` keeps (at least) the most recent ``window`` steps and ``requests`` the
+    :class:`~minivllm.outputs.RequestMetrics` of the most recent ``window`` finished requests,
+    so a long-running server uses bounded memory (``window=None`` keeps everything). A
+    request's times live on the request itself until it finishes (the engine core stamps them
+    there); :meth:`record_finish` then reads them off it. :meth:`summary` reads running totals,
+    so it covers the whole run whatever the window.
     """
 
     def __init__(self, window: int | None = 100_000, steps: list[StepStats] | None = None):
@@ -64,10 +66,9 @@ class EngineStats:
             self.add_step(step)
 
     def reset(self) -> None:
-        """Forget everything recorded so far (live requests keep their metrics)."""
-        live = {rid: m for rid, m in getattr(self, "requests", {}).items() if m.finished_time is None}
+        """Forget everything recorded so far."""
         self.steps: list[StepStats] = []
-        self.requests: dict[str, RequestMetrics] = live
+        self.requests: dict[str, RequestMetrics] = {}
         self._finished_order: deque[str] = deque()
         self.num_steps = 0
         self._totals = dict.fromkeys(_STEP_TOTALS, 0)
@@ -86,41 +87,25 @@ class EngineStats:
         return self._totals["prefix_cache_hits"] + self._totals["num_forked_tokens"]
 
     # --- requests --------------------------------------------------------------------------
-    def add_request(self, request_id: str, arrival_time: float) -> RequestMetrics:
-        metrics = self.requests[request_id] = RequestMetrics(arrival_time=arrival_time)
-        return metrics
-
-    def record_scheduled(self, request_id: str, now: float) -> None:
-        m = self.requests.get(request_id)
-        if m is not None and m.first_scheduled_time is None:
-            m.first_scheduled_time = now
-
-    def record_first_token(self, request_id: str, now: float) -> None:
-        m = self.requests.get(request_id)
-        if m is not None and m.first_token_time is None:
-            m.first_token_time = now
-            self._req_totals["ttft"] += now - m.arrival_time
-            self._req_totals["n_ttft"] += 1
-
-    def record_finish(self, request, now: float) -> None:
-        """Stamp a finished request's end time and final counts."""
-        request.finished_time = now
-        m = self.requests.get(request.request_id)
-        if m is None or m.finished_time is not None:
-            return
-        m.finished_time = now
-        m.num_output_tokens = request.num_output_tokens
-        m.num_preemptions = request.num_preemptions
+    def record_finish(self, request) -> RequestMetrics:
+        """Keep a finished request's times and counts (read off ``request``, whose
+        ``finished_time`` is stamped: ``EngineCore.record_finish`` does both) and add them to
+        the totals. The engine core records each request once, when it ends."""
+        if request.finished_time is None:
+            raise ValueError(f"request {request.request_id!r} has no finished_time: stamp it before recording it")
+        rid = request.request_id
+        m = self.requests[rid] = RequestMetrics.from_request(request)
         t = self._req_totals
         t["output_tokens"] += m.num_output_tokens
-        for key, value in (("tpot", m.tpot), ("e2e", m.e2e_latency)):
+        for key, value in (("ttft", m.ttft), ("tpot", m.tpot), ("e2e", m.e2e_latency)):
             if value is not None:
                 t[key] += value
                 t["n_" + key] += 1
-        self._finished_order.append(request.request_id)
+        self._finished_order.append(rid)
         if self.window is not None:
             while len(self._finished_order) > self.window:
                 self.requests.pop(self._finished_order.popleft(), None)
+        return m
 
     # --- steps -----------------------------------------------------------------------------
     def record_step(
@@ -175,7 +160,8 @@ class EngineStats:
         return [getattr(s, name) for s in self.steps]
 
     def summary(self) -> dict[str, float]:
-        """Totals and means over the whole run."""
+        """Totals and means over the whole run (the requests' latencies and tokens over the
+        requests that finished)."""
         t, r = self._totals, self._req_totals
         total_time = t["duration"]
         out_tokens = int(r["output_tokens"])

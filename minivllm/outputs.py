@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minivllm.request import Request
 
 
 @dataclass
@@ -36,7 +40,10 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """Times in seconds (wall clock in the engine, simulated clock in the simulator)."""
+    """A request's times in seconds (wall clock in the engine, simulated clock in the
+    simulator) and counts, as read off its :class:`~minivllm.request.Request` -- where the
+    engine stamps them, once each -- by :meth:`from_request`. The statistics keep one for every
+    finished request; a ``RequestOutput`` carries one taken when it was made."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -44,6 +51,11 @@ class RequestMetrics:
     finished_time: float | None = None
     num_output_tokens: int = 0
     num_preemptions: int = 0
+
+    @classmethod
+    def from_request(cls, request: Request) -> RequestMetrics:
+        return cls(request.arrival_time, request.first_scheduled_time, request.first_token_time,
+                   request.finished_time, request.num_output_tokens, request.num_preemptions)
 
     @property
     def ttft(self) -> float | None:

@@ -86,7 +86,7 @@ def main() -> int:
     else:
         os.environ["MINIVLLM_SOLUTIONS"] = "1"
     write = not (args.check_only or args.exercises)
-    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     slow = []
     for p in paths:
         elapsed = run(p.resolve(), write, args.timeout)

@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("notebooks", nargs="*", type=Path)
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a notebook differs")
     args = ap.parse_args()
-    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     stale = 0
     for path in paths:
         changes = sync_notebook(path, write=not args.check)

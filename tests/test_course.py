@@ -157,32 +157,21 @@ def test_load_gives_a_fresh_module_each_time():
 
 # --- checks catch plausible wrong answers ------------------------------------------------------------
 # exercise 08's step, in pieces that the mutants below move around
-_EX08_COMMIT = "        self.kv.commit_written_blocks()  # the step ran: its full blocks hold K/V now\n"
-_EX08_FORK = "        self.fork_siblings(out, result)  # before update: the siblings' tokens are appended too\n"
-_EX08_EXEC = """        self.begin_step(out)
-        try:
-            result = self.executor.execute(out)
-        except BaseException as err:
-            core_out = self.fail_step(out, err, start)
-            if not isinstance(err, Exception):  # KeyboardInterrupt: the state is clean; go up
-                raise
-            return core_out
-""" + _EX08_COMMIT
-_EX08_AFTER_EXEC = _EX08_COMMIT + """        core_out = StepOutput(
-            out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs
-        )
-        self.fail_rows(result.failed, core_out)
-""" + _EX08_FORK + """        tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
-        tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}
-        finished = self.scheduler.update_from_output(tokens)
-"""
-_EX08_RECORD = """        finished = self.scheduler.update_from_output(tokens)
-        now = self.clock()
-        self.record_request_times(out, tokens, start, now)
-        for req in finished:
-            self.record_finish(req, now)
-        self.record_step(out, start, now)  # after the update: the engine as the step left it
-"""
+_EX08_COMMIT = "        kv.commit_written_blocks()  # the K/V exists now, and nothing of the step is freed yet\n"
+_EX08_EXEC = "        try:\n            result = self.executor.execute(plan)\n"
+_EX08_UPDATE = "        finished = sched.update_from_output(tokens)\n        end = self.clock()\n"
+_EX08_STAMP_SCHEDULED = ("        for req in plan.requests:\n            if req.first_scheduled_time is None:\n"
+                         "                req.first_scheduled_time = start\n")
+_EX08_FINISH = ("        for req in finished:  # after the first-token times: the statistics keep what they read\n"
+                "            self.record_finish(req, end)\n")
+_EX08_FIRST_TOKENS = "        # a request that finished at its first token has left the scheduler: find it here\n"
+_EX08_FAIL_PLAN = "            fail({r.request_id: message for r in plan.requests})\n"
+_EX08_SOLUTION = (ROOT / "solutions" / "ex08_engine_step.py").read_text()
+# from the executor's call to the commit, and from the commit to the update, as the solution has them
+_EX08_RUN_TO_COMMIT = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_EXEC):_EX08_SOLUTION.index(_EX08_COMMIT) + len(_EX08_COMMIT)]
+_EX08_COMMIT_TO_UPDATE = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_COMMIT):_EX08_SOLUTION.index(_EX08_UPDATE) + len(_EX08_UPDATE)]
+_EX08_RERAISE = ("            if not isinstance(err, Exception):  # Ctrl-C: the engine is consistent; pass it on\n"
+                 "                raise\n")
 
 MUTANTS = [
     ("ex00_kv_memory", 'config.get("head_dim") or config["hidden_size"] // heads', 'config["hidden_size"] // heads'),
@@ -451,55 +440,71 @@ MUTANTS = [
     # ex08: the step's blocks never committed (no prefix hit, with a scheduler that leaves it to the core)
     ("ex08_engine_step", _EX08_COMMIT, ""),
     # ex08: committed before the executor ran (a step that then fails leaves unwritten blocks shared)
-    ("ex08_engine_step", _EX08_EXEC, _EX08_EXEC.replace(_EX08_COMMIT, "").replace(
-        "        try:\n", "        self.kv.commit_written_blocks()\n        try:\n")),
+    ("ex08_engine_step", _EX08_RUN_TO_COMMIT,
+     "        kv.commit_written_blocks()\n" + _EX08_RUN_TO_COMMIT.replace(_EX08_COMMIT, "")),
     # ex08: committed after the update (requests that finished in the step freed their blocks first)
-    ("ex08_engine_step", _EX08_AFTER_EXEC, _EX08_AFTER_EXEC.replace(_EX08_COMMIT, "") + "        self.kv.commit_written_blocks()\n"),
-    # ex08: statistics recorded before the update (batch and blocks of requests about to finish)
-    ("ex08_engine_step", _EX08_RECORD, "        now = self.clock()\n        self.record_step(out, start, now)\n"
-     "        finished = self.scheduler.update_from_output(tokens)\n" + _EX08_RECORD.split("now = self.clock()\n")[1]
-     .replace("        self.record_step(out, start, now)  # after the update: the engine as the step left it\n", "")),
-    # ex08: first-token times not stamped (in the statistics, or at all), or stamped at the step's start
-    ("ex08_engine_step", "            stats.record_first_token(rid, now)\n", ""),
-    ("ex08_engine_step", "            req.first_token_time = now\n            stats.record_first_token(rid, now)\n", ""),
-    ("ex08_engine_step", "            req.first_token_time = now\n            stats.record_first_token(rid, now)\n",
-     "            req.first_token_time = start\n            stats.record_first_token(rid, start)\n"),
-    # ex08: a request that ends at its first token recorded as finished before its first token is stamped
-    # (statistics that keep a bounded window of finished requests then lose its TTFT)
-    ("ex08_engine_step", _EX08_RECORD.split("now = self.clock()\n")[1].split("        self.record_step")[0],
-     "        for req in finished:\n            self.record_finish(req, now)\n"
-     "        self.record_request_times(out, tokens, start, now)\n"),
-    # ex08: sampled requests looked up in the scheduler after the update (one that finished at its first token is gone)
-    ("ex08_engine_step", "req = by_id.get(rid) or self.scheduler.requests.get(rid)", "req = self.scheduler.requests.get(rid)"),
-    # ex08: a forked sibling never first-scheduled; the request's own timestamps left unset
-    ("ex08_engine_step", "            if req.first_scheduled_time is None:  # a sibling, forked in this step\n"
-     "                req.first_scheduled_time = start\n                stats.record_scheduled(rid, start)\n", ""),
-    ("ex08_engine_step", "                req.first_scheduled_time = start\n                stats.record_scheduled(req.request_id, start)\n",
-     "                stats.record_scheduled(req.request_id, start)\n"),
-    # ex08: fork siblings dropped, or forked after their tokens were appended
-    ("ex08_engine_step", _EX08_FORK, ""),
-    ("ex08_engine_step", _EX08_AFTER_EXEC, _EX08_AFTER_EXEC.replace(_EX08_FORK, "") + "        self.fork_siblings(out, result)\n"),
-    # ex08: tokens appended to requests that failed; failed rows never ended
-    ("ex08_engine_step", "        tokens = {rid: t for rid, t in tokens.items() if rid not in core_out.failed}\n", ""),
-    ("ex08_engine_step", "        self.fail_rows(result.failed, core_out)\n", ""),
-    # ex08: beam search's chooser ignored
-    ("ex08_engine_step", "tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)", "tokens = result.sampled"),
-    # ex08: Ctrl-C not cleaned up (only Exceptions caught), or swallowed
+    ("ex08_engine_step", _EX08_COMMIT_TO_UPDATE,
+     _EX08_COMMIT_TO_UPDATE.replace(_EX08_COMMIT, "") + "        kv.commit_written_blocks()\n"),
+    # ex08: a failed step's blocks kept for the prefix cache (never discarded)
+    ("ex08_engine_step", "            kv.discard_unwritten_blocks()  # nobody knows what the step wrote\n", ""),
+    # ex08: a failed step fails every request the scheduler holds, not only the plan's
+    ("ex08_engine_step", _EX08_FAIL_PLAN, "            fail(dict.fromkeys(list(sched.requests), message))\n"),
+    # ex08: a failed step's message without the error's type; the failed step never recorded
+    ("ex08_engine_step", 'message = f"{type(err).__name__}: {err}"', "message = str(err)"),
+    ("ex08_engine_step", "            record(self.clock())\n", ""),
+    # ex08: Ctrl-C not cleaned up (only Exceptions caught), swallowed, or passed on before the cleanup
     ("ex08_engine_step", "        except BaseException as err:", "        except Exception as err:"),
-    ("ex08_engine_step", "            if not isinstance(err, Exception):  # KeyboardInterrupt: the state is clean; go up\n"
-     "                raise\n", ""),
-    # ex08: the executor's log-probabilities dropped
-    ("ex08_engine_step", "            out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs\n",
-     "            out, start, start\n"),
-    # ex08: a stalled engine not reported; the plan not completed for the executor (forks, finished ids)
-    ("ex08_engine_step", "        self.end_step(out, finished)\n", ""),
-    ("ex08_engine_step", "        self.begin_step(out)\n", ""),
+    ("ex08_engine_step", _EX08_RERAISE, ""),
+    ("ex08_engine_step", _EX08_FAIL_PLAN, _EX08_RERAISE + _EX08_FAIL_PLAN),
+    # ex08: siblings waiting on a failed request ended but not reported as failed
+    ("ex08_engine_step", "                step_out.failed.update((kid.request_id, message) for kid in waiting.get(rid, ()))\n",
+     ""),
+    # ex08: failed rows never ended; their tokens appended; one failed row fails the whole step
+    ("ex08_engine_step", "        fail(result.failed)\n", ""),
+    ("ex08_engine_step", "        tokens = {rid: token for rid, token in tokens.items() if rid not in step_out.failed}\n", ""),
+    ("ex08_engine_step", "        fail(result.failed)\n",
+     "        fail({r.request_id: m for r in plan.requests for m in list(result.failed.values())[:1]})\n"),
+    # ex08: n > 1: siblings never attached to the plan, never forked, or left waiting after forking
+    ("ex08_engine_step", "        plan.forks = {r.request_id: waiting[r.request_id] for r in plan.sampling_requests "
+     "if r.request_id in waiting}\n", "        plan.forks = {}\n"),
+    ("ex08_engine_step", "            waiting.pop(leader_id, None)\n", ""),
+    # ex08: forked tokens counted for a sibling that got no seat
+    ("ex08_engine_step", "                if kid.status is RequestStatus.RUNNING:  # seated: it shares the leader's prompt\n"
+     "                    forked += leader.num_computed_tokens\n", "                forked += leader.num_computed_tokens\n"),
+    # ex08: prefix-cache queries counted for every request at every step, not at its first
+    ("ex08_engine_step", "            if req.first_scheduled_time is None:  # scheduled for the first time: from the cache\n",
+     "            if True:\n"),
+    # ex08: first-scheduled time stamped before the executor ran (a failed step computed nothing), or never
+    ("ex08_engine_step", "        step_out = StepOutput(plan, start, start)\n",
+     _EX08_STAMP_SCHEDULED + "        step_out = StepOutput(plan, start, start)\n"),
+    ("ex08_engine_step", _EX08_STAMP_SCHEDULED, ""),
+    # ex08: first-token times not stamped, or stamped at the step's start
+    ("ex08_engine_step", "                req.first_token_time = end\n", "                pass\n"),
+    ("ex08_engine_step", "                req.first_token_time = end\n", "                req.first_token_time = start\n"),
+    # ex08: sampled requests looked up in the scheduler after the update (one that finished at its first token is gone)
+    ("ex08_engine_step", "req = stepped.get(rid) or sched.requests.get(rid)", "req = sched.requests.get(rid)"),
+    # ex08: a forked sibling never first-scheduled
+    ("ex08_engine_step", "                if req.first_scheduled_time is None:  # a sibling, forked in this step\n"
+     "                    req.first_scheduled_time = start\n", ""),
+    # ex08: max_tokens=1: recorded as finished before its first token is stamped (its TTFT is lost)
+    ("ex08_engine_step", _EX08_FIRST_TOKENS, _EX08_FINISH + _EX08_FIRST_TOKENS),
     # ex08: finished requests not recorded; the end time read before the executor ran
-    ("ex08_engine_step", "        for req in finished:\n            self.record_finish(req, now)\n", ""),
-    ("ex08_engine_step", "        now = self.clock()\n", "        now = start\n"),
+    ("ex08_engine_step", _EX08_FINISH, ""),
+    ("ex08_engine_step", "        end = self.clock()\n", "        end = start\n"),
+    # ex08: statistics recorded before the update (batch and blocks of requests about to finish)
+    ("ex08_engine_step", _EX08_UPDATE, "        end = self.clock()\n        record(end)\n" + _EX08_UPDATE),
+    # ex08: beam search's chooser ignored
+    ("ex08_engine_step", "tokens = result.sampled if choose_tokens is None else choose_tokens(plan, result)",
+     "tokens = result.sampled"),
+    # ex08: the executor's log-probabilities dropped
+    ("ex08_engine_step", "        step_out.logprobs, step_out.prompt_logprobs = result.logprobs, result.prompt_logprobs\n", ""),
+    # ex08: a stalled engine not reported; the plan not completed for the executor (finished ids, debug checks)
+    ("ex08_engine_step", "if not (plan.requests or plan.preempted or finished) and sched.has_unfinished_requests():",
+     "if False:"),
+    ("ex08_engine_step", "        self.begin_step(plan)\n", ""),
     # ex08: the output's tokens or finished requests left out
-    ("ex08_engine_step", "        core_out.end_time, core_out.sampled = now, tokens\n", "        core_out.end_time = now\n"),
-    ("ex08_engine_step", "        core_out.finished.extend(finished)\n", ""),
+    ("ex08_engine_step", "        step_out.sampled = tokens\n", ""),
+    ("ex08_engine_step", "        step_out.finished.extend(finished)\n", ""),
     # ex09 (a): K or V forgotten; int4 stored as a byte; the pool counted in tokens, not blocks
     ("ex09_reasoning", "return 2 * model.num_layers", "return model.num_layers"),
     ("ex09_reasoning", "bits = DTYPE_BITS[model.kv_dtype]", "bits = max(DTYPE_BITS[model.kv_dtype], 8)"),

@@ -320,7 +320,7 @@ def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
             finished = self.scheduler.update_from_output(result.sampled)
             now = self.clock()
             for req in finished:
-                self.stats.record_finish(req, now)
+                self.record_finish(req, now)
             self.stats.record_step(self.scheduler, plan, start, now - start)
             return StepOutput(plan, start, now, sampled=result.sampled, finished=finished)
 

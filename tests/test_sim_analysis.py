@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivllm.metrics import EngineStats, StepStats
+from minivllm.request import Request
+from minivllm.sampling_params import SamplingParams
 from minivllm.sim.analysis import (
     class_throughput,
     finished_requests,
@@ -55,14 +57,17 @@ def test_percentile_edges():
 
 
 def mixed_stats() -> EngineStats:
-    """Hand-made requests: three chat (one still running), two reasoning, one aborted early."""
+    """Hand-made requests: three chat (one still running, so not recorded), two reasoning."""
     stats = EngineStats()
     for rid, arrival, first, done, tokens in (
         ("chat-0", 0.0, 0.1, 1.0, 10), ("chat-1", 1.0, 1.5, 2.0, 10), ("chat-2", 2.0, 2.2, None, 0),
         ("reasoning-0", 0.0, 0.3, 10.0, 100), ("reasoning-1", 4.0, 9.0, 20.0, 200),
     ):
-        m = stats.add_request(rid, arrival)
-        m.first_token_time, m.finished_time, m.num_output_tokens = first, done, tokens
+        req = Request(rid, [1] * 3, SamplingParams(max_tokens=tokens or 1), arrival_time=arrival)
+        req.all_token_ids += [2] * tokens
+        req.first_token_time, req.finished_time = first, done
+        if done is not None:
+            stats.record_finish(req)
     return stats
 
 

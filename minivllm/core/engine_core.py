@@ -76,27 +76,26 @@ class StepOutput:
 
 
 def reports_to_listeners(step: Callable[..., StepOutput]) -> Callable[..., StepOutput]:
-    """Wrap a step loop's ``step`` so that the step's :class:`StepOutput` reaches the step
-    listeners (:meth:`EngineCore.add_step_listener`) whatever the loop does inside: the output
-    it returns or -- when ``KeyboardInterrupt`` propagates out of a step whose executor failed --
-    the one :meth:`EngineCore._fail_step` built. ``EngineCore.step`` is wrapped here, and the
-    ``step`` of every subclass when the class is created (``EngineCore.__init_subclass__``), so a
-    plug-in loop (``LLM(engine_core=MyCore)``) reports its steps exactly like minivllm's own. A
+    """Wrap a step loop's ``step`` so that the :class:`StepOutput` it returns reaches the step
+    listeners (:meth:`EngineCore.add_step_listener`) and, with ``debug_checks=True``, the KV
+    cache manager's invariants are checked after it -- whatever the loop does inside.
+    ``EngineCore.step`` is wrapped here, and the ``step`` of every subclass when the class is
+    created (``EngineCore.__init_subclass__``), so a plug-in loop (``LLM(engine_core=MyCore)``)
+    is reported and checked exactly like minivllm's own. A step that raises (a ``KeyboardInterrupt``
+    it passes on, an :class:`EngineStalledError`) returned no output and is not reported. A
     ``step`` that calls ``super().step()`` reports once, from the outer call."""
 
     @functools.wraps(step)
     def step_and_report(self: EngineCore, *args, **kwargs) -> StepOutput:
         if self._in_step:  # an inner call (super().step()): the outer one reports
             return step(self, *args, **kwargs)
-        self._in_step, self._failed_step = True, None
+        self._in_step = True
         try:
             step_out = step(self, *args, **kwargs)
-        except BaseException:
-            failed, self._failed_step, self._in_step = self._failed_step, None, False
-            if failed is not None:
-                self._notify(failed)
-            raise
-        self._in_step = False
+        finally:
+            self._in_step = False
+        if self.debug_checks:
+            self.check_invariants()
         self._notify(step_out)
         return step_out
 
@@ -127,7 +126,6 @@ class EngineCore:
         self._finished_since_last_step: set[str] = set()
         self._step_listeners: list[StepListener] = []
         self._in_step = False
-        self._failed_step: StepOutput | None = None
         # what the prefix cache and forking saved in the current step (prompt tokens):
         # looked up, found in the cache, shared by forked siblings
         self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
@@ -186,7 +184,6 @@ class EngineCore:
         for r in (request, *siblings):
             if r.request_id in self.scheduler.requests or self._is_pending_sibling(r.request_id):
                 raise ValueError(f"request_id {r.request_id!r} is already in use")
-            self.stats.add_request(r.request_id, r.arrival_time)
         self.scheduler.add_request(request)
         if siblings and self.can_fork:
             self._pending_forks[request.request_id] = list(siblings)
@@ -219,16 +216,20 @@ class EngineCore:
         ended.extend(self._end_pending_siblings(set(ids), status))
         ended.extend(self.scheduler.finish_requests(ids, status))
         for req in ended:
-            self._record_finish(req, now)
+            self.record_finish(req, now)
         return ended
 
     def _end_pending_siblings(self, ids: set[str], status: RequestStatus) -> list[Request]:
         """Siblings named themselves (not through their leader) leave their leader's list."""
         ended = []
-        for leader_id, kids in self._pending_forks.items():
+        for leader_id, kids in list(self._pending_forks.items()):
             if any(k.request_id in ids for k in kids):
                 ended.extend(k for k in kids if k.request_id in ids)
-                self._pending_forks[leader_id] = [k for k in kids if k.request_id not in ids]
+                left = [k for k in kids if k.request_id not in ids]
+                if left:
+                    self._pending_forks[leader_id] = left
+                else:
+                    del self._pending_forks[leader_id]
         for kid in ended:
             kid.status = status
         return ended
@@ -236,8 +237,15 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
         return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
-    def _record_finish(self, req: Request, now: float) -> None:
-        self.stats.record_finish(req, now)
+    def record_finish(self, req: Request, now: float) -> None:
+        """``req`` ended at ``now``: stamp its finished time, hand it to the statistics (which
+        read its times and counts off it: ``EngineStats.record_finish``) and tell the executor
+        with the next plan (``SchedulerOutput.finished_req_ids``). Every request that ends goes
+        through here once: the step loop calls it for the requests ``update_from_output``
+        returns, :meth:`finish_requests` for the others -- after their first-token time is
+        stamped, since the statistics keep what they read now."""
+        req.finished_time = now
+        self.stats.record_finish(req)
         self._finished_since_last_step.add(req.request_id)
 
     # --- the loop ----------------------------------------------------------------------------
@@ -258,6 +266,7 @@ class EngineCore:
                 raise
             return step_out
         self.kv.commit_written_blocks()
+        self._stamp_scheduled(out, start)  # the step computed its requests' tokens
         step_out = StepOutput(
             out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
         )
@@ -271,22 +280,28 @@ class EngineCore:
         now = self.clock()
         step_out.end_time = now
         step_out.sampled = tokens
-        self._record_times(out, tokens, start, now)
+        self._stamp_first_tokens(out, tokens, start, now)
         for req in finished:
-            self._record_finish(req, now)
+            self.record_finish(req, now)
         step_out.finished.extend(finished)
         self._record_step(out, start, now)
-        self._end_step(out, finished)
+        self._check_stall(out, finished)
         return step_out
 
     def _begin_step(self, out: SchedulerOutput) -> None:
-        """Complete the plan for the executor: requests that ended since the last step, siblings
-        that fork off a leader sampling now; note what the prefix cache saved the requests
-        scheduled for the first time; with ``debug_checks``, check every K/V read."""
-        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
+        """Complete the plan for the executor (:meth:`_prepare_plan`; siblings that fork off a
+        leader sampling now) and note what the prefix cache saved the requests scheduled for
+        the first time."""
+        self._prepare_plan(out)
         if self._pending_forks:
             self._attach_forks(out)
         self._count_prefix_hits(out)
+
+    def _prepare_plan(self, out: SchedulerOutput) -> None:
+        """What any step loop tells the executor before it runs: the requests that ended since
+        the last step (``out.finished_req_ids``); with ``debug_checks``, check that every K/V
+        slot the step reads holds what was written for that very token."""
+        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
         if self.kv_write_tracker is not None:
             self.kv_write_tracker.check_step(out)
 
@@ -304,25 +319,23 @@ class EngineCore:
         self._prefix_queries += queries
         self._prefix_hits += hits
 
-    def _end_step(self, out: SchedulerOutput, finished: list[Request]) -> None:
-        """A step that planned, preempted and ended nothing while requests wait is a stall;
-        with ``debug_checks``, the KV manager's invariants."""
+    def _check_stall(self, out: SchedulerOutput, finished: list[Request]) -> None:
+        """A step that planned, preempted and ended nothing while requests wait is a stall."""
         if not out.requests and not out.preempted and not finished and self.scheduler.has_unfinished_requests():
             raise EngineStalledError(self._stall_message())
-        if self.debug_checks:
-            self.check_invariants()
 
     def _attach_forks(self, out: SchedulerOutput) -> None:
         """Tell the executor which siblings draw their first token from a leader's row."""
-        sampling = {r.request_id for r, s in zip(out.requests, out.sample, strict=True) if s}
-        out.forks = {lid: kids for lid, kids in self._pending_forks.items() if lid in sampling}
+        pending = self._pending_forks
+        out.forks = {r.request_id: pending[r.request_id] for r in out.sampling_requests if r.request_id in pending}
 
     def _fork_siblings(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """Siblings of each leader that sampled fork off it, in the plan's order."""
         for leader_id, kids in out.forks.items():
-            if leader_id not in result.sampled:
+            leader = self.scheduler.requests.get(leader_id)
+            if leader is None or leader_id not in result.sampled:
                 continue  # its row failed: the siblings were failed with it
             self._pending_forks.pop(leader_id, None)
-            leader = self.scheduler.requests[leader_id]
             for kid in kids:
                 if kid.is_finished:  # its own row failed
                     continue
@@ -349,15 +362,18 @@ class EngineCore:
         self._fail_requests({r.request_id: message for r in out.requests}, step_out)
         step_out.end_time = self.clock()
         self._record_step(out, start, step_out.end_time)
-        self._failed_step = step_out  # reported by reports_to_listeners if an interrupt propagates
         return step_out
 
-    def _record_times(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
-        stats = self.stats
+    def _stamp_scheduled(self, out: SchedulerOutput, start: float) -> None:
+        """The step computed its requests' tokens: a request's first step stamps its
+        first-scheduled time (on the request, the times' one home)."""
         for req in out.requests:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
-                stats.record_scheduled(req.request_id, start)
+
+    def _stamp_first_tokens(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
+        """A request that got its first token in this step gets its first-token time (and a
+        sibling forked in this step its first-scheduled time), on the request."""
         # the step's requests and the siblings it forked: one that finished at its first token
         # has already left the scheduler (beam search's forks are only in the scheduler)
         by_id = {req.request_id: req for req in out.requests}
@@ -370,8 +386,6 @@ class EngineCore:
                 req.first_token_time = now
                 if req.first_scheduled_time is None:  # a forked sibling
                     req.first_scheduled_time = start
-                    stats.record_scheduled(rid, start)
-                stats.record_first_token(rid, now)
 
     def _record_step(self, out: SchedulerOutput, start: float, now: float) -> None:
         self.stats.record_step(

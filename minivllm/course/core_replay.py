@@ -35,6 +35,7 @@ from minivllm.course.harness import (
     TraceRequest,
     TraceResult,
     expect_same_steps,
+    expect_same_tokens,
     run_trace,
 )
 from minivllm.metrics import EngineStats
@@ -115,7 +116,6 @@ class CoreSetup:
     raise_at: Mapping[int, str] = field(default_factory=dict)
     token_for_failed_rows: bool = False
     never_schedules: bool = False
-    stats_window: int | None = None  # finished requests the statistics keep (EngineStats.window)
 
     def describe(self) -> str:
         parts = [
@@ -129,8 +129,6 @@ class CoreSetup:
             parts.append(f"failing rows {dict(self.fail_rows)}")
         if self.raise_at:
             parts.append(f"the executor raises {dict(self.raise_at)}")
-        if self.stats_window is not None:
-            parts.append(f"statistics keep the last {self.stats_window} finished requests")
         return ", ".join(parts)
 
     def core(self, core_class: Callable[..., EngineCore], log: list[str]) -> EngineCore:
@@ -142,8 +140,7 @@ class CoreSetup:
                                  max_model_len=self.max_model_len, policy=self.policy)
         scheduler = (NeverSchedules if self.never_schedules else LoggingScheduler)(config, kv)
         executor = FakeExecutor(clock, self.seed, self.fail_rows, self.raise_at, self.token_for_failed_rows, log)
-        stats = EngineStats(window=self.stats_window)
-        return core_class(scheduler, executor, clock=clock, stats=stats, debug_checks=True)
+        return core_class(scheduler, executor, clock=clock, stats=EngineStats(window=None), debug_checks=True)
 
 
 def run_core(
@@ -195,19 +192,23 @@ def expected_times(run: TraceResult) -> dict[str, dict[str, float | None]]:
 
 
 def compare_times(expected: TraceResult, got: TraceResult, label: str = "") -> None:
-    """Every request's timestamps in ``got`` (on the request and in ``got.stats``) must be the
-    ones the definitions give on ``expected``'s steps."""
+    """Every request's timestamps in ``got`` -- on the request, and in the record the statistics
+    keep of it once it finished (``got.stats.requests``, taken by ``record_finish``) -- must be
+    the ones the definitions give on ``expected``'s steps."""
     where = f"{label}: " if label else ""
     for rid, want in expected_times(expected).items():
-        metrics, req = got.stats.requests.get(rid), got.requests.get(rid)
+        req, record = got.requests[rid], got.stats.requests.get(rid)
+        if req.is_finished and record is None:
+            raise Mismatch("a record of it in stats.requests", None,
+                           f"{where}request {rid!r} ended ({req.status.name}) but was never recorded as finished")
         for name, value in want.items():
-            stamped = getattr(metrics, name, "missing")
-            if stamped != value:
-                raise Mismatch(value, stamped, f"{where}request {rid!r}: stats.requests[{rid!r}].{name}")
-            if name != "finished_time" and getattr(req, name, "missing") != value:
-                raise Mismatch(value, getattr(req, name, "missing"), f"{where}request {rid!r}: request.{name}")
-        if req is not None and req.is_finished and getattr(metrics, "num_output_tokens", None) != req.num_output_tokens:
-            raise Mismatch(req.num_output_tokens, metrics.num_output_tokens,
+            if getattr(req, name) != value:
+                raise Mismatch(value, getattr(req, name), f"{where}request {rid!r}: request.{name}")
+            if record is not None and getattr(record, name) != value:
+                raise Mismatch(value, getattr(record, name), f"{where}request {rid!r}: stats.requests[{rid!r}].{name} "
+                               "(what the statistics read off the request when it was recorded as finished)")
+        if record is not None and record.num_output_tokens != req.num_output_tokens:
+            raise Mismatch(req.num_output_tokens, record.num_output_tokens,
                            f"{where}request {rid!r}: output tokens recorded when it finished")
 
 
@@ -232,16 +233,18 @@ def compare_with_engine_core(
     """Run ``trace`` through minivllm's ``EngineCore`` and through the student's ``StepLoop``
     (``module.StepLoop``, or a core class) and compare; returns ``(expected, got)``.
     ``choose_tokens``: a factory of a fresh token chooser for each run. With ``times``, the
-    requests' timestamps (when every finished request is still in the statistics) and the run's
-    statistics are compared too."""
+    requests' timestamps and the run's statistics are compared too."""
     core_class = getattr(module, "StepLoop", module)
     label = label or setup.describe()
     expected = run_core(EngineCore, trace, setup, choose_tokens() if choose_tokens else None)
     got = run_core(core_class, trace, setup, choose_tokens() if choose_tokens else None)
     expect_same_steps(expected, got, fields, label)
+    expect_same_tokens(expected.tokens, got.tokens, label)
+    if got.cached != expected.cached:
+        raise Mismatch(expected.cached, got.cached, f"{label}: prompt tokens each request found in the prefix cache "
+                       "(its num_cached_tokens)")
     if times:
-        if setup.stats_window is None:
-            compare_times(expected, got, label)
+        compare_times(expected, got, label)
         compare_summaries(expected, got, label)
     return expected, got
 

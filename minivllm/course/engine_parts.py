@@ -82,7 +82,17 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.core.kv_cache_manager:KVCacheManager._shared_blocks_to_write",
         "minivllm.core.kv_cache_manager:KVCacheManager._copy_on_write",
     ),
-    "ex08_engine_step": ("minivllm.core.engine_core:EngineCore.step",),
+    "ex08_engine_step": (
+        "minivllm.core.engine_core:EngineCore.step",
+        "minivllm.core.engine_core:EngineCore._fail_step",
+        "minivllm.core.engine_core:EngineCore._fail_requests",
+        "minivllm.core.engine_core:EngineCore._attach_forks",
+        "minivllm.core.engine_core:EngineCore._fork_siblings",
+        "minivllm.core.engine_core:EngineCore._count_prefix_hits",
+        "minivllm.core.engine_core:EngineCore._stamp_scheduled",
+        "minivllm.core.engine_core:EngineCore._stamp_first_tokens",
+        "minivllm.core.engine_core:EngineCore._check_stall",
+    ),
     "ex09_reasoning": (
         "minivllm.core.policies:FCFSPolicy",
         "minivllm.core.policies:PriorityPolicy",

@@ -140,7 +140,7 @@ class StepRecord:
     preempted: list[str]
     finished: list[str]  # requests that ended in this step, in the order they ended
     statuses: dict[str, str]  # finished request -> its status
-    failed: list[str]  # requests that ended with an error, sorted
+    failed: dict[str, str]  # request that ended with an error -> its message, sorted by request
     logprobs: dict[str, Any]
     prompt_logprobs: dict[str, Any]
     times: tuple[float, float]  # (start, end), on the engine's clock
@@ -246,7 +246,8 @@ class FakeExecutor:
     * with ``logprobs``, every sampled token gets ``Logprobs``, every request starting its
       prompt a ``prompt_logprobs`` entry, so that one can check they reach the output.
 
-    ``log`` (if given) gets ``"execute"`` at every call. Calls are counted from 0 in ``calls``.
+    ``log`` (if given) gets ``"execute"`` at every call, with the plan's
+    ``finished_req_ids`` when it has any. Calls are counted from 0 in ``calls``.
     """
 
     clock: StepClock = field(default_factory=StepClock)
@@ -262,8 +263,9 @@ class FakeExecutor:
     def execute(self, out) -> ModelRunnerOutput:
         call, self.calls = self.calls, self.calls + 1
         self.clock.now += 1.0
-        if self.log is not None:
-            self.log.append("execute")
+        if self.log is not None:  # what the plan told it: the requests that ended since the last plan
+            ended = sorted(out.finished_req_ids)
+            self.log.append(f"execute (told {ended} ended)" if ended else "execute")
         kind = self.raise_at.get(call)
         if kind == "interrupt":
             raise InjectedInterrupt(f"interrupted in step {call}")
@@ -449,7 +451,7 @@ class TraceRun:
             computed=list(out.num_computed) if out else [],
             tables=[list(b) for b in out.block_ids] if out else [],
             copies=list(out.blocks_to_copy) if out else [], tokens=tokens, preempted=preempted,
-            finished=list(statuses), statuses=statuses, failed=sorted(failed),
+            finished=list(statuses), statuses=statuses, failed=dict(sorted(failed.items())),
             logprobs=dict(core_out.logprobs) if core_out else {},
             prompt_logprobs=dict(core_out.prompt_logprobs) if core_out else {}, times=times,
             stats=stats.steps[-1] if stats.num_steps == self._num_stats + 1 else None,
@@ -556,7 +558,7 @@ WHAT = {
     "sampled": "requests that sample a token",
     "tokens": "StepOutput.sampled (the tokens appended)",
     "preempted": "requests preempted",
-    "failed": "StepOutput.failed (request ids)",
+    "failed": "StepOutput.failed (request id -> message)",
     "ended": "requests that ended, (request, status)",
     "logprobs": "StepOutput.logprobs",
     "prompt_logprobs": "StepOutput.prompt_logprobs",

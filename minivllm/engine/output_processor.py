@@ -48,7 +48,6 @@ class _Family:
     prompt: str | None
     prompt_token_ids: list[int]
     children: list[_ChildState] = field(default_factory=list)
-    metrics: RequestMetrics | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     @property
@@ -70,7 +69,6 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
         first = children[0]
         family = _Family(request_id, prompt, first.prompt_token_ids)
-        family.metrics = self.core.stats.requests.get(first.request_id)
         for i, child in enumerate(children):
             params = child.sampling_params
             detok = (
@@ -179,7 +177,7 @@ class OutputProcessor:
                 outputs=[self._completion(c) for c in family.children],
                 finished=family.finished,
                 num_cached_tokens=first.num_cached_tokens,
-                metrics=family.metrics,
+                metrics=RequestMetrics.from_request(first),  # the first sample's times, as of now
                 prompt_logprobs=family.prompt_logprobs,
             )
             outputs.append(out)

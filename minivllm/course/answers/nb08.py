@@ -74,7 +74,8 @@ def failure() -> str:
         f"instant as its finish (minivllm's engine: first token at {one.first_token_time:.6f} s, "
         f"finished at {one.finished_time:.6f} s: equal, {one.first_token_time == one.finished_time}). "
         "By then `update_from_output` has already retired it, so the scheduler no longer knows it: "
-        "`record_request_times` finds it in the step's plan (`out.requests`)."
+        "the step finds it in its own plan (`plan.requests`). And its first-token time must be on it "
+        "before `record_finish`: the statistics keep the times a request holds when it is recorded."
     )
 
 

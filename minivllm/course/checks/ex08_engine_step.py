@@ -40,13 +40,13 @@ def _events(ex, trace, setup, label):
       "schedule() plans; the executor runs the plan; only after it ran may the step's blocks join the "
       "prefix cache (self.kv.commit_written_blocks()); then update_from_output appends the tokens")
 def _(ex):
-    trace = [R("a", PREFIX + (0, 1), 4), R("b", (3, 3, 1), 3, arrival_step=1), R("c", OTHER, 2, arrival_step=2)]
+    trace = [R("a", PREFIX + (0, 1), 4), R("b", (3, 3, 1), 3, arrival_step=1), R("c", OTHER, 6, arrival_step=2)]
     _events(ex, trace, CoreSetup(), "three requests")
 
 
 @case(CASES, "a step that raised: discard its blocks, never commit them", "StepLoop.step",
-      "when the executor raises, fail_step (given) discards what the step wrote; nothing may have "
-      "been committed before the executor ran")
+      "a step's blocks join the prefix cache only once the executor has returned; when it raises, "
+      "nothing of the step may be shared (self.kv.discard_unwritten_blocks())")
 def _(ex):
     trace = [R("a", PREFIX + (0, 1), 5), R("b", OTHER, 4, arrival_step=1)]
     _events(ex, trace, CoreSetup(raise_at={1: "error"}), "the executor raises in step 1")
@@ -63,27 +63,28 @@ def _(ex):
 
 
 @case(CASES, "statistics: one StepStats per step, describing the engine as the step left it", "StepLoop.step",
-      "record_step (given) reads the batch, the queue and the KV blocks in use: call it once per step, "
-      "after the tokens were appended and finished requests freed their blocks")
+      "stats.record_step reads the batch, the queue and the KV blocks in use: call it once per step, "
+      "after the tokens were appended and finished requests freed their blocks; the prefix-cache "
+      "counts are those of the requests scheduled for the first time (rule 8)")
 def _(ex):
     trace = [R(f"s{i}", OTHER[: 4 + i], 1 + i % 3, arrival_step=i % 3) for i in range(6)]
     setup = CoreSetup(max_num_seqs=3, max_num_batched_tokens=12)
     compare_with_engine_core(ex, trace, setup, "six short requests", times=False)
 
 
-@case(CASES, "timestamps: first scheduled, first token, finished", "StepLoop.record_request_times",
+@case(CASES, "timestamps: first scheduled, first token, finished (max_tokens=1 too)", "StepLoop.step",
       "first token = the end of the step that produced it -- also for a request that finished in that "
       "very step (it has left the scheduler by then; stamp its first token before recording it as "
-      "finished) and for a sibling forked in it")
+      "finished: the statistics keep the times it has then) and for a sibling forked in it")
 def _(ex):
     trace = [R("long", OTHER + OTHER, 3), R("one", (1, 2, 3), 1, arrival_step=1),
              R("stops", (0, 1), 6, arrival_step=1, stop=(0, 1, 2, 3)), R("pair", (2, 3, 0), 1, arrival_step=2, n=2),
              R("late", PREFIX, 4, arrival_step=5)]
     compare_with_engine_core(ex, trace, CoreSetup(max_num_batched_tokens=8), "five requests; a long prompt in chunks")
-    # a server's statistics keep only the latest finished requests: a request that ends at its
-    # first token must have that token's time before it is recorded as finished, or its TTFT is lost
+    # the statistics keep what a finished request holds when it is recorded: a request that ends
+    # at its first token must have that token's time by then, or its TTFT is lost
     ones = [R("prompt", OTHER + OTHER, 1), R("short", (1, 2), 1, arrival_step=1)]
-    compare_with_engine_core(ex, ones, CoreSetup(stats_window=1), "two requests ending at their first token in one step")
+    compare_with_engine_core(ex, ones, CoreSetup(), "two requests ending at their first token in one step")
 
 
 @case(CASES, "prefix cache: a block is shared only after the step that wrote it ran", "StepLoop.step",
@@ -102,8 +103,9 @@ def _(ex):
 
 
 @case(CASES, "a failed step: its requests end with an error, its blocks are never shared", "StepLoop.step",
-      "catch what the executor raises and return fail_step(...) (given): a later request with the same "
-      "prefix must not find the failed step's blocks in the cache")
+      "catch what the executor raises: every request of the plan ends with FINISHED_ERROR and frees its "
+      "blocks, the others go on, and a later request with the same prefix must not find the failed "
+      "step's blocks in the cache")
 def _(ex):
     trace = [R("doomed", PREFIX + OTHER, 3), R("bystander", (0, 0, 1), 4),
              R("same-prefix", PREFIX + OTHER + (1,), 3, arrival_step=3)]
@@ -111,7 +113,8 @@ def _(ex):
 
 
 @case(CASES, "a failed row: that request ends with an error and gets no token", "StepLoop.step",
-      "fail_rows (given) ends the requests in result.failed; a token drawn for a failed row is not appended")
+      "the requests in result.failed end with FINISHED_ERROR and their message (finish_requests frees "
+      "their blocks); a token drawn for a failed row is not appended; the other rows go on")
 def _(ex):
     trace = [R("ok", (1, 1, 2), 5), R("nan", (2, 0, 3), 5), R("later", (0, 3), 3, arrival_step=1)]
     setup = CoreSetup(fail_rows={2: ["nan"]}, token_for_failed_rows=True)
@@ -119,8 +122,8 @@ def _(ex):
 
 
 @case(CASES, "n > 1: siblings fork off their leader and sample with it", "StepLoop.step",
-      "fork_siblings (given) must run before update_from_output: the siblings' first tokens are appended "
-      "in the same step")
+      "a leader that got its token forks its waiting siblings (scheduler.fork_request) before "
+      "update_from_output: the siblings' first tokens are appended in the same step")
 def _(ex):
     trace = [R("trio", PREFIX + (0,), 4, n=3), R("solo", (3, 2, 1), 3, arrival_step=1),
              R("pair", OTHER, 2, arrival_step=2, n=2, stop=(1,))]
@@ -128,7 +131,8 @@ def _(ex):
 
 
 @case(CASES, "Ctrl-C in the middle of a step: the step's requests end, the interrupt goes up", "StepLoop.step",
-      "a KeyboardInterrupt is not an Exception: clean up with fail_step as for an error, then re-raise it")
+      "a KeyboardInterrupt is not an Exception: clean up exactly as for an error (rule 3), record the "
+      "step, then let it go on up")
 def _(ex):
     trace = [R("a", (1, 2, 3, 0), 4), R("b", (0, 1), 4, arrival_step=1)]
     compare_with_engine_core(ex, trace, CoreSetup(raise_at={2: "interrupt"}), "KeyboardInterrupt in step 2")
@@ -150,7 +154,7 @@ def _(ex):
 
 
 @case(CASES, "a step that plans nothing while requests wait raises EngineStalledError", "StepLoop.step",
-      "end_step (given) raises when nothing was planned, preempted or ended and requests remain")
+      "raise EngineStalledError when nothing was planned, preempted or ended and requests remain")
 def _(ex):
     trace = [R("stuck", (1, 2), 3)]
     expected = run_core(EngineCore, trace, CoreSetup(never_schedules=True))
