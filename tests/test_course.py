@@ -254,6 +254,9 @@ MUTANTS = [
     ("ex10_costs", "return float(weights + kv_read", "return float(batch_size * weights + kv_read"),  # weights per sequence
     ("ex10_costs", "head_dim * (context_len + 1)", "head_dim * context_len"),  # own key not attended
     ("ex10_costs", "matmuls + attention + lm_head", "matmuls + attention"),  # LM head FLOPs forgotten
+    # attention: counted over the KV heads (GQA shares K/V, not the queries' work), or QK^T alone
+    ("ex10_costs", "model.num_layers * model.num_heads * model.head_dim", "model.num_layers * model.num_kv_heads * model.head_dim"),
+    ("ex10_costs", "attention = 4 * model.num_layers", "attention = 2 * model.num_layers"),
     ("ex10_costs", "weights = model.body_weight_bytes + model.lm_head_bytes", "weights = model.body_weight_bytes"),
     ("ex10_costs", "(hardware.peak_flops * assumptions.flops_efficiency)", "hardware.peak_flops"),  # datasheet peak
     ("ex10_costs", "if not usd_per_hour > 0:", "if usd_per_hour < 0:"),
