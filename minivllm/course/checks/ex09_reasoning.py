@@ -242,7 +242,7 @@ def _(ex):
                        f"queue order: {', '.join(order)}")
 
 
-@case(CASES, "rule 1: a victim of the least important priority, and no push-outs up the order",
+@case(CASES, "rule 1: the victim of the least important priority; no push-outs up",
       "ChatFirstPolicy.choose_victim",
       "the victim has the largest priority value running; a request never pushes out one with a "
       "smaller priority value")
@@ -340,7 +340,7 @@ class Score:
 
     def line(self) -> str:
         return (f"chat TTFT p90 {self.chat_ttft_s[90]:.2f} s, p99 {self.chat_ttft_s[99]:.2f} s; reasoning "
-                f"throughput {self.reasoning_keep:.1%} of FCFS's; {self.preemptions} preemptions")
+                f"{self.reasoning_keep:.1%} of FCFS's tok/s; {self.preemptions} preemptions")
 
 
 def score(policy) -> Score:
