@@ -438,7 +438,8 @@ def claim_70b(cfg: Config, rep: Report, cache: dict) -> None:
     sat = saturated_throughput(st)
     tok_per_usd = sat * 3600 / hw.usd_per_hour
     setup = (
-        f"Llama-3 70B, int4 weights (AWQ-style, 4.25 bits) + int8 KV, one H100-SXM at 90 % memory, "
+        f"Llama-3 70B, int4 weights (AWQ-style, {model.bits_per_linear_weight:.2f} bits) + int8 KV, "
+        "one H100-SXM at 90 % memory, "
         f"max_num_seqs 64, {len(trace)} chat requests at t=0; no speculative decoding"
     )
     rep.add(
@@ -446,7 +447,7 @@ def claim_70b(cfg: Config, rep: Report, cache: dict) -> None:
         "HBM: ~35 GB weights + ~35 GB peak KV on one H100",
         f"weights **{fmt_bytes(model.weight_bytes)}** ({fmt_bytes(model.naive_weight_bytes)} at a flat 4 bits); "
         f"KV pool **{fmt_bytes(kv_bytes)}** = {kv_tokens:,} tokens",
-        "16-bit embeddings/LM head and group-128 scales kept; 10 % of memory and an activation "
+        "16-bit embeddings/LM head and group-128 scales and zeros kept; 10 % of memory and an activation "
         "reserve withheld",
         verdict(
             near(model.weight_bytes, 35 * GB, 0.2) and near(kv_bytes, 35 * GB, 0.2),

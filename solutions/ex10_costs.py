@@ -3,11 +3,11 @@
 Notebook: notebooks/10_cost_frontiers.ipynb. Check your work with
 ``course.check(course.load("ex10_costs"))`` there, or ``pytest -m ex10``.
 
-A decode step gives every sequence in the batch one new token. To do that the GPU must read
-every weight once (shared by the whole batch), read every sequence's KV cache (not shared), and
-multiply each sequence's new token through the weights. Whichever of "move the bytes" and "do
-the FLOPs" takes longer on a given card sets the step time; the batch shares that time, and the
-card's hourly price turns it into dollars.
+A decode step gives every sequence in the batch one new token. You derive what it costs from
+the model's shape: the arithmetic it does and the bytes it must move, and from those, by the
+roofline of notebook 00, how long it takes on a given card; the batch shares that time, and the
+card's hourly price turns it into dollars. Each function states its contract and one worked
+example; the terms are yours to find.
 
 The functions take a model description and a GPU description, the simulator's ``ModelSpec``
 and ``Hardware`` (``minivllm.sim.preset(...)``, ``minivllm.sim.get_hardware(...)``). They may
@@ -65,14 +65,17 @@ class QueryCost:
 def decode_flops(model, batch_size: int, context_len: int) -> float:
     """Floating-point operations of one decode step.
 
-    ``batch_size`` sequences each hold ``context_len`` tokens in their KV cache, compute one
-    new token, and sample from it. Per sequence, count:
+    ``batch_size`` sequences each hold ``context_len`` tokens in their KV cache and compute one
+    new token, from the embedding lookup to the logits it is sampled from. Count what the
+    roofline counts: multiplications and additions of matrix products (a multiply-add is 2
+    FLOPs), including attention's; leave out what is linear in ``hidden_size`` alone (norms,
+    activations, rotary embeddings, softmax, sampling) and the embedding lookup (a gather). In
+    attention the new token's query meets every cached key and its own. The model's shape is
+    in ``MODEL_ATTRIBUTES``; which of its parts does a token pass through, and what does each
+    cost?
 
-    * 2 FLOPs (a multiply and an add) for every weight of the decoder blocks' matmuls;
-    * attention: the new query meets ``context_len + 1`` keys (its own included); each
-      (query, key) pair costs ``2 * head_dim`` FLOPs for the score and ``2 * head_dim`` for
-      weighting the value, in every query head of every layer;
-    * the LM head: one ``hidden_size x vocab_size`` matmul for the sampled token.
+    Worked example (see ``decode_bytes`` and ``decode_step_time`` for the same step):
+    Llama-3-8B, 16-bit, ``batch_size=1``, ``context_len=1000``: 15,534,129,152 FLOPs.
     """
     # BEGIN SOLUTION
     matmuls = 2 * model.linear_params
@@ -85,10 +88,15 @@ def decode_flops(model, batch_size: int, context_len: int) -> float:
 def decode_bytes(model, batch_size: int, context_len: int) -> float:
     """Bytes one decode step moves between device memory and the chip.
 
-    * The weights, streamed once per step: the decoder blocks with their norms, and the LM
-      head. The token-embedding table is not streamed (a step gathers only its tokens' rows).
-    * Each sequence's K and V: its ``context_len`` cached tokens and its new token, read once.
-    * Each sequence's new K and V, written once.
+    Count what must cross from device memory to the chip, or back, in one step, once each: an
+    ideal kernel reads a tensor that every sequence of the batch uses only once per step, and
+    caches nothing between steps. Activations stay on chip (leave them out); the token
+    embedding is gathered row by row (a few kilobytes: leave it out). The sizes as stored,
+    quantised or not, are in ``MODEL_ATTRIBUTES``. A new token's K and V are written to the
+    cache and then read by attention like every other cached token.
+
+    Worked example: Llama-3-8B, 16-bit weights and KV cache, ``batch_size=1``,
+    ``context_len=1000``: 15,141,183,488 bytes (almost all of it the weights).
     """
     # BEGIN SOLUTION
     weights = model.body_weight_bytes + model.lm_head_bytes
@@ -102,11 +110,15 @@ def decode_bytes(model, batch_size: int, context_len: int) -> float:
 def decode_step_time(
     model, hardware, batch_size: int, context_len: int, assumptions: Assumptions = Assumptions()
 ) -> float:
-    """Seconds one decode step takes on ``hardware``.
+    """Seconds one decode step takes on ``hardware``, by the roofline.
 
-    The card reaches ``assumptions.flops_efficiency`` of its ``peak_flops`` and
-    ``assumptions.bandwidth_efficiency`` of its ``memory_bandwidth``. Arithmetic and memory
-    traffic overlap perfectly within a step. Every step also pays ``step_overhead_s``.
+    The card does arithmetic at ``assumptions.flops_efficiency`` of its ``peak_flops`` and moves
+    bytes at ``assumptions.bandwidth_efficiency`` of its ``memory_bandwidth``; within a step the
+    two overlap perfectly. Every step also pays ``assumptions.step_overhead_s`` (kernel
+    launches, sampling, the CPU's share).
+
+    Worked example: the step of ``decode_flops``' example on an H100-SXM with the default
+    ``Assumptions()`` takes 6.15 ms, and is memory-bound.
     """
     # BEGIN SOLUTION
     compute = decode_flops(model, batch_size, context_len) / (hardware.peak_flops * assumptions.flops_efficiency)

@@ -273,6 +273,9 @@ MUTANTS = [
     ("ex10_costs", "return float(weights + kv_read", "return float(batch_size * weights + kv_read"),  # weights per sequence
     ("ex10_costs", "head_dim * (context_len + 1)", "head_dim * context_len"),  # own key not attended
     ("ex10_costs", "matmuls + attention + lm_head", "matmuls + attention"),  # LM head FLOPs forgotten
+    # attention: counted over the KV heads (GQA shares K/V, not the queries' work), or QK^T alone
+    ("ex10_costs", "model.num_layers * model.num_heads * model.head_dim", "model.num_layers * model.num_kv_heads * model.head_dim"),
+    ("ex10_costs", "attention = 4 * model.num_layers", "attention = 2 * model.num_layers"),
     ("ex10_costs", "weights = model.body_weight_bytes + model.lm_head_bytes", "weights = model.body_weight_bytes"),
     ("ex10_costs", "(hardware.peak_flops * assumptions.flops_efficiency)", "hardware.peak_flops"),  # datasheet peak
     ("ex10_costs", "if not usd_per_hour > 0:", "if usd_per_hour < 0:"),
@@ -510,25 +513,32 @@ MUTANTS = [
     ("ex09_reasoning", "bits = DTYPE_BITS[model.kv_dtype]", "bits = max(DTYPE_BITS[model.kv_dtype], 8)"),
     ("ex09_reasoning", "return pool_blocks // blocks_per_sequence",
      "return int(kv_memory_bytes // (kv_bytes_per_token(model) * seq_len))"),
-    # ex09 (b): the victim is the oldest, the most important, or found by sorting the scheduler's list
-    ("ex09_reasoning", "return max(running, key=self.waiting_key)", "return running[0]"),
+    # ex09 (b): designs that miss a target or break a rule
+    # FCFS's queue (arrival first), or no tell between chat and reasoning: chat waits a minute
+    ("ex09_reasoning", "return (request.priority, int(long), request.arrival_time)",
+     "return (request.arrival_time, request.priority, int(long))"),
+    ("ex09_reasoning", "return (request.priority, int(long), request.arrival_time)",
+     "return (request.priority, 0, request.arrival_time)"),
+    # reasoning first (the test inverted), or the prompt's length taken for the answer's
+    ("ex09_reasoning", "return (request.priority, int(long), request.arrival_time)",
+     "return (request.priority, 1 - int(long), request.arrival_time)"),
+    ("ex09_reasoning", "long = max_tokens is None or max_tokens > 2048",
+     "long = request.num_prompt_tokens > 2048"),
+    # the client's priority ignored, or after the length
+    ("ex09_reasoning", "return (request.priority, int(long), request.arrival_time)",
+     "return (int(long), request.priority, request.arrival_time)"),
+    # the victim: FCFS's newest (a chat request, then blocking the queue), the most important,
+    # or found by sorting the scheduler's own list
+    ("ex09_reasoning", "return max(running, key=self.waiting_key)", "return running[-1]"),
     ("ex09_reasoning", "return max(running, key=self.waiting_key)", "return min(running, key=self.waiting_key)"),
     ("ex09_reasoning", "return max(running, key=self.waiting_key)",
      "running.sort(key=self.waiting_key)\n        return running[-1]"),
-    # a waiting key without arrival (a requeued request loses its place), or arrival before rank (FCFS)
-    ("ex09_reasoning", "return (*self.rank(request), request.arrival_time)", "return tuple(self.rank(request))"),
-    ("ex09_reasoning", "return (*self.rank(request), request.arrival_time)",
-     "return (request.arrival_time, *self.rank(request))"),
-    # preemption for admission: always (thrashing), within a rank, by full key (vLLM's), never
-    ("ex09_reasoning", "return self.rank(incoming) < self.rank(victim)", "return True"),
-    ("ex09_reasoning", "return self.rank(incoming) < self.rank(victim)", "return self.rank(incoming) <= self.rank(victim)"),
-    ("ex09_reasoning", "return self.rank(incoming) < self.rank(victim)",
-     "return self.waiting_key(incoming) < self.waiting_key(victim)"),
-    ("ex09_reasoning", "return self.rank(incoming) < self.rank(victim)", "return False"),
-    # recognising reasoning: priority only; the threshold off by one; no limit taken as short
-    ("ex09_reasoning", "return (request.priority, int(long))", "return (request.priority, 0)"),
-    ("ex09_reasoning", "max_tokens > self.long_output_tokens", "max_tokens >= self.long_output_tokens"),
-    ("ex09_reasoning", "long = max_tokens is None or max_tokens", "long = max_tokens is not None and max_tokens"),
+    # push-outs both ways (thrashing), or up the priorities
+    ("ex09_reasoning", "return self.waiting_key(incoming)[:2] < self.waiting_key(victim)[:2]", "return True"),
+    ("ex09_reasoning", "return self.waiting_key(incoming)[:2] < self.waiting_key(victim)[:2]",
+     "return self.waiting_key(incoming)[:2] <= self.waiting_key(victim)[:2]"),
+    ("ex09_reasoning", "return self.waiting_key(incoming)[:2] < self.waiting_key(victim)[:2]",
+     "return self.waiting_key(incoming)[1] < self.waiting_key(victim)[1]"),
 ]
 
 

@@ -12,10 +12,11 @@ one by hand:
 * FLOPs per token = ``2 * (matmul parameters)`` for the linear layers plus
   ``4 * layers * heads * head_dim`` per (query, key) pair for attention (QK^T and PV).
 
-Quantisation is modelled the way weight-only schemes (AWQ, GPTQ) ship checkpoints: the linear
-layers of the decoder blocks are stored at ``weight_dtype`` plus one 16-bit scale and one 16-bit
-zero point per ``quant_group_size`` weights (int4: 4 + 32/128 = 4.25 bits per weight); the token
-embedding, the LM head and the norms stay 16-bit.
+Quantisation is modelled the way weight-only schemes ship checkpoints: the linear layers of the
+decoder blocks are stored at ``weight_dtype``, and int4 (AWQ's layout) adds, per group of
+``quant_group_size`` weights, one 16-bit scale and one zero point stored in 4 bits like the
+weights (4 + 20/128 = 4.16 bits per weight); int8 adds one 16-bit scale per output channel. The
+token embedding, the LM head and the norms stay 16-bit.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ class ModelSpec:
             return float(bits)
         if self.weight_dtype == "int8":
             return bits + 16 / self.hidden_size  # one fp16 scale per output channel
-        return bits + 32 / self.quant_group_size  # int4: fp16 scale + fp16 zero per group
+        # int4 (AWQ): per group, an fp16 scale and a zero point packed like the weights
+        return bits + (16 + bits) / self.quant_group_size
 
     @property
     def linear_weight_bytes(self) -> float:

@@ -38,3 +38,15 @@ def test_a_view_refuses_what_the_protocol_does_not_list():
         model.num_layers = 1
     with pytest.raises(AttributeError, match="ridge_point"):
         hardware_view(get_hardware("H100")).ridge_point  # noqa: B018
+
+
+def test_the_worked_examples_in_the_docstrings_are_the_reference_figures():
+    """The stubs give one worked example each; the figures they print must be minivllm's."""
+    from minivllm.sim import CostModel, get_hardware, preset
+
+    doc = course.load(NAME, solutions=True)
+    m, h100 = preset("llama-3-8b"), get_hardware("H100-SXM")
+    step = CostModel(m, h100).decode_step(1, 1000)
+    assert f"{step.flops:,.0f} FLOPs" in " ".join(doc.decode_flops.__doc__.split())
+    assert f"{step.bytes:,.0f} bytes" in " ".join(doc.decode_bytes.__doc__.split())
+    assert f"takes {1000 * step.time:.2f} ms, and is {step.bound}-bound" in " ".join(doc.decode_step_time.__doc__.split())

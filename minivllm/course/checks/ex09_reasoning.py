@@ -2,13 +2,16 @@
 
 Expected values come from minivllm, never from the reference answer: bytes per token from
 ``ModelSpec.kv_bytes_per_token``; pool sizes from the ``Simulator``'s own sizing; how many
-sequences fit from allocating them, one by one, in a real ``KVCacheManager``; the policy's
-unit cases from its written specification; its effect from the simulator (against FCFS on a
-mixed chat + reasoning trace) and from the tiny model served by ``LLM`` (against FCFS's tokens).
+sequences fit from allocating them, one by one, in a real ``KVCacheManager``; the policy is
+a design of the student's: its cases check the protocol and the written rules (the client's
+priority first), then grade what it achieves -- chat latency percentiles on a simulated H100
+against stated targets, the reasoning throughput it keeps against FCFS's, and the tiny model's
+tokens served with it against FCFS's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -154,7 +157,7 @@ def _(ex):
     expect_raises(ValueError, lambda: ex.max_concurrent_sequences(model_view(m), -1.0, 10), "negative memory")
 
 
-# --- the policy: unit cases from its specification -------------------------------------------------
+# --- the policy: the protocol and the written rules ---------------------------------------------
 def req(rid: str, max_tokens: int | None, arrival: float, priority: int = 0, computed: int = 0) -> Request:
     r = Request(rid, [1, 2, 3], SamplingParams(max_tokens=max_tokens), arrival_time=arrival, priority=priority)
     r.num_computed_tokens = computed
@@ -166,132 +169,111 @@ def ids(requests) -> list[str]:
 
 
 def waiting_order(policy, requests: list[Request]) -> list[str]:
-    """The order the scheduler's waiting queue serves ``requests`` in (it sorts by the key as a
-    tuple, ties in insertion order)."""
+    """The order the scheduler's waiting queue serves ``requests`` in (a heap of the keys as
+    tuples, ties in insertion order)."""
     return ids(sorted(requests, key=lambda r: tuple(policy.waiting_key(r))))
 
 
-@case(CASES, "short and long requests", "ChatFirstPolicy.rank",
-      "(priority, 0 or 1): long when max_tokens > long_output_tokens, or no limit at all")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    limit = ex.LONG_OUTPUT_TOKENS
-    for max_tokens, want in ((16, (0, 0)), (limit, (0, 0)), (limit + 1, (0, 1)), (30_000, (0, 1)), (None, (0, 1))):
-        got = p.rank(req("r", max_tokens, 0.0))
-        if tuple(got) != want:
-            raise Mismatch(want, got, f"max_tokens={max_tokens}, long_output_tokens={limit}")
-
-
-@case(CASES, "priority comes first; the threshold is the policy's own", "ChatFirstPolicy.rank",
-      "the first element is request.priority; compare max_tokens with self.long_output_tokens")
-def _(ex):
-    p = ex.ChatFirstPolicy(long_output_tokens=16)
-    for rid, max_tokens, priority, want in (("a", 16, 0, (0, 0)), ("b", 17, 0, (0, 1)), ("c", 17, -2, (-2, 1)),
-                                           ("d", 8, 3, (3, 0))):
-        got = p.rank(req(rid, max_tokens, 0.0, priority))
-        if tuple(got) != want:
-            raise Mismatch(want, got, f"max_tokens={max_tokens}, priority={priority}, long_output_tokens=16")
-
-
-@case(CASES, "chat first, then reasoning, each first come first served", "ChatFirstPolicy.waiting_key",
-      "the smallest key is admitted first: rank, then arrival time")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    mix = [req("think-0", 30_000, 0.0), req("chat-1", 300, 1.0), req("think-2", 8000, 2.0),
-           req("chat-3", 50, 3.0), req("chat-4", 2048, 4.0)]
-    expect(waiting_order(p, mix), ["chat-1", "chat-3", "chat-4", "think-0", "think-2"])
-
-
-@case(CASES, "arrival order holds whatever the submission order", "ChatFirstPolicy.waiting_key",
-      "a preempted request re-enters the queue later but keeps its place: order by arrival time, "
-      "not by when it was queued")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    # queued newest first, as after preemptions: the key alone must restore arrival order
-    mix = [req("think-9", 9000, 9.0), req("think-5", 9000, 5.0), req("think-1", 9000, 1.0),
-           req("chat-7", 10, 7.0), req("chat-2", 10, 2.0)]
-    expect(waiting_order(p, mix), ["chat-2", "chat-7", "think-1", "think-5", "think-9"])
-
-
-@case(CASES, "an explicit priority outranks the length", "ChatFirstPolicy.waiting_key",
-      "rank = (priority, long): a long request with priority -1 goes before short ones with priority 0")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    mix = [req("chat", 10, 0.0), req("vip-think", 30_000, 5.0, priority=-1), req("batch-chat", 10, 1.0, priority=2)]
-    expect(waiting_order(p, mix), ["vip-think", "chat", "batch-chat"])
-
-
-@case(CASES, "the victim: the newest of the least important", "ChatFirstPolicy.choose_victim",
-      "a long request before any short one; among them the latest arrival (it loses the least)")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    running = [req("think-old", 30_000, 0.0, computed=20_000), req("chat-a", 100, 1.0, computed=50),
-               req("think-new", 30_000, 2.0, computed=3_000), req("chat-b", 100, 3.0, computed=10)]
-    expect(p.choose_victim(list(running)).request_id, "think-new")
-
-
-@case(CASES, "only chat running; one request", "ChatFirstPolicy.choose_victim",
-      "with one rank running, the latest arrival; a single request is its own victim")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    running = [req("chat-a", 100, 0.0), req("chat-c", 100, 2.0), req("chat-b", 100, 1.0)]
-    expect(p.choose_victim(list(running)).request_id, "chat-c", "three chats (admitted out of arrival order)")
-    only = req("think", 30_000, 0.0)
-    expect(p.choose_victim([only]).request_id, "think", "one request")
-
-
-@case(CASES, "priority before length; the scheduler's list untouched", "ChatFirstPolicy.choose_victim",
-      "the least important rank is the largest (priority, long); do not sort the list in place")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    running = [req("low-chat", 100, 0.0, priority=1), req("think", 30_000, 1.0), req("chat", 100, 2.0)]
-    before = ids(running)
-    expect(p.choose_victim(running).request_id, "low-chat", "priority 1 chat vs priority 0 reasoning")
-    expect(ids(running), before, "the running list after choose_victim")
-
-
-@case(CASES, "chat may push reasoning out, never the reverse", "ChatFirstPolicy.may_preempt",
-      "only a strictly more important rank may take a running request's place")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    chat, think = req("chat", 100, 5.0), req("think", 30_000, 1.0)
-    expect(p.may_preempt(chat, think), True, "waiting chat, running reasoning")
-    expect(p.may_preempt(think, chat), False, "waiting reasoning, running chat")
-
-
-@case(CASES, "never within a rank, whoever came first", "ChatFirstPolicy.may_preempt",
-      "an older request of the same rank must not evict a newer one: they would take turns (thrashing)")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    for kind, max_tokens in (("chat", 100), ("think", 30_000)):
-        old, new = req(f"{kind}-old", max_tokens, 0.0), req(f"{kind}-new", max_tokens, 9.0)
-        expect(p.may_preempt(old, new), False, f"waiting {old.request_id}, running {new.request_id}")
-        expect(p.may_preempt(new, old), False, f"waiting {new.request_id}, running {old.request_id}")
-
-
-@case(CASES, "explicit priorities", "ChatFirstPolicy.may_preempt",
-      "compare ranks: (priority, long)")
-def _(ex):
-    p = ex.ChatFirstPolicy()
-    vip = req("vip-think", 30_000, 9.0, priority=-1)
-    chat = req("chat", 100, 0.0)
-    expect(p.may_preempt(vip, chat), True, "priority -1 reasoning vs priority 0 chat")
-    expect(p.may_preempt(chat, vip), False, "priority 0 chat vs priority -1 reasoning")
+def a_mix(priorities: tuple[int, ...]) -> list[Request]:
+    """Chat and reasoning requests of every given priority, arriving interleaved."""
+    out, t = [], 0.0
+    for p in priorities:
+        for kind, max_tokens in (("chat", 300), ("think", 30_000), ("chat", 50), ("think", 8000), ("open", None)):
+            out.append(req(f"{kind}-p{p}-{len(out)}", max_tokens, t, priority=p, computed=int(100 * t)))
+            t += 1.0
+    return out
 
 
 @case(CASES, "it is a SchedulingPolicy", "ChatFirstPolicy",
-      "a name and the three methods of minivllm.core.policies.SchedulingPolicy")
+      "a non-empty name and the three methods of minivllm.core.policies.SchedulingPolicy; "
+      "ChatFirstPolicy() needs no arguments; keys are tuples")
 def _(ex):
     p = ex.ChatFirstPolicy()
-    p.waiting_key(req("r", 10, 0.0))  # a stub fails here first
+    key = p.waiting_key(req("r", 10, 0.0))  # a stub fails here first
     if not isinstance(p, SchedulingPolicy):
         raise Mismatch("a SchedulingPolicy", type(p).__name__)
     expect(make_policy(p) is p, True, "make_policy accepts it as it is")
     if not isinstance(p.name, str) or not p.name:
         raise Mismatch("a non-empty name", p.name)
+    if not isinstance(key, tuple):
+        raise Mismatch("a tuple", type(key).__name__, "waiting_key's result")
+    mix = a_mix((0,))
+    waiting_order(p, mix)  # the keys of one queue must compare with each other
+    if not all(isinstance(p.may_preempt(a, b), bool) for a in mix for b in mix if a is not b):
+        raise Mismatch("True or False", "something else", "may_preempt's result")
 
 
-# --- the policy in the simulator and on the engine -------------------------------------------------
+@case(CASES, "the victim is one of the running requests; the list is left as it was", "ChatFirstPolicy.choose_victim",
+      "return a member of running; do not sort, pop or reorder the scheduler's list")
+def _(ex):
+    p = ex.ChatFirstPolicy()
+    mix = a_mix((0,))
+    for n in range(1, len(mix) + 1):
+        running = list(mix[:n])
+        before = ids(running)
+        victim = p.choose_victim(running)
+        if not any(victim is r for r in running):
+            raise Mismatch("a member of running", getattr(victim, "request_id", victim), f"{n} running")
+        expect(ids(running), before, f"the running list after choose_victim ({n} running)")
+
+
+@case(CASES, "deterministic", "ChatFirstPolicy",
+      "the same requests give the same keys, victims and answers, from a fresh policy or a used one")
+def _(ex):
+    mix = a_mix((0, 1))
+    a, b = ex.ChatFirstPolicy(), ex.ChatFirstPolicy()
+    for _ in range(2):
+        expect([tuple(a.waiting_key(r)) for r in mix], [tuple(b.waiting_key(r)) for r in mix], "waiting keys")
+        expect(a.choose_victim(list(mix)).request_id, b.choose_victim(list(mix)).request_id, "victim")
+
+
+@case(CASES, "rule 1: the client's priority comes first in the queue", "ChatFirstPolicy.waiting_key",
+      "every request with a smaller priority is admitted before any with a larger one, whatever "
+      "its length or arrival")
+def _(ex):
+    p = ex.ChatFirstPolicy()
+    mix = a_mix((2, 0, -1))  # the least important arrive first
+    order = waiting_order(p, mix)
+    prio = {r.request_id: r.priority for r in mix}
+    got = [prio[rid] for rid in order]
+    if got != sorted(got):
+        first = next(i for i in range(1, len(got)) if got[i] < got[i - 1])
+        raise Mismatch("priority -1 requests, then 0, then 2", f"{order[first - 1]} before {order[first]}",
+                       f"queue order: {', '.join(order)}")
+
+
+@case(CASES, "rule 1: the victim of the least important priority; no push-outs up",
+      "ChatFirstPolicy.choose_victim",
+      "the victim has the largest priority value running; a request never pushes out one with a "
+      "smaller priority value")
+def _(ex):
+    p = ex.ChatFirstPolicy()
+    mix = a_mix((0, 1, -1))
+    for drop in range(len(mix)):
+        running = mix[:drop] + mix[drop + 1:]
+        victim = p.choose_victim(list(running))
+        worst = max(r.priority for r in running)
+        if victim.priority != worst:
+            raise Mismatch(f"a priority {worst} request", f"{victim.request_id} (priority {victim.priority})",
+                           f"running: {', '.join(ids(running))}")
+    for incoming in mix:
+        for victim in mix:
+            if incoming.priority > victim.priority and p.may_preempt(incoming, victim):
+                raise Mismatch(False, True, f"may_preempt({incoming.request_id}, {victim.request_id})")
+
+
+@case(CASES, "rule 3: no two requests may each push the other out", "ChatFirstPolicy.may_preempt",
+      "if a may take b's place, b may never take a's: they would evict each other in turn")
+def _(ex):
+    p = ex.ChatFirstPolicy()
+    mix = a_mix((0, 1))
+    for a in mix:
+        for b in mix:
+            if a is not b and p.may_preempt(a, b) and p.may_preempt(b, a):
+                raise Mismatch("at most one of the two", "both", f"{a.request_id} and {b.request_id}")
+
+
+# --- the policy in the simulator: the targets ----------------------------------------------------
 class ThrashGuard:
     """Wraps a policy and stops a run whose preemptions never end (a policy that lets two
     requests evict each other in turn can loop inside one scheduler step forever)."""
@@ -318,11 +300,13 @@ class ThrashGuard:
         return allowed
 
 
-# A mixed trace at GPU scale: ShareGPT-like chat and reasoning chains of 2,500-12,000 tokens
-# (every one longer than the 2,048-token threshold), nobody setting a priority, in a KV cache
-# of 3,500 blocks (56k tokens) of a 4-bit Llama-3-70B with a 16-bit KV cache on an H100.
-SIM_CHAT_P_SPEEDUP = 20.0  # chat p90 and p99 TTFT at least this many times lower than FCFS
-SIM_REASONING_KEEP = 0.95  # reasoning throughput at least this share of FCFS's
+# The trace and the targets, as notebook 09 (section 7) states them. ShareGPT-like chat, 200
+# requests at 3 per second, and 40 reasoning chains of 2,500-12,000 tokens at 1 per second,
+# nobody setting a priority, in a KV cache of 3,500 blocks (56k tokens) of a 4-bit Llama-3-70B
+# with a 16-bit KV cache on a simulated H100, max_num_seqs 256. FCFS reaches a chat p90 and p99
+# TTFT of about a minute.
+TARGET_CHAT_TTFT_S = {90: 0.5, 99: 1.0}  # chat time to first token, seconds, at these percentiles
+TARGET_REASONING_KEEP = 0.85  # reasoning output tokens/s, at least this share of FCFS's
 
 
 def sim_trace():
@@ -346,33 +330,56 @@ def fcfs_sim():
     return simulate("fcfs")
 
 
-@case(CASES, "mixed chat + reasoning on a simulated H100, no priorities set", "ChatFirstPolicy",
-      f"chat p90 and p99 TTFT {SIM_CHAT_P_SPEEDUP:g}x lower than FCFS, reasoning throughput within "
-      f"{100 * (1 - SIM_REASONING_KEEP):g} % of FCFS's; the note shows your figures")
-def _(ex):
-    policy = ex.ChatFirstPolicy()
-    policy.waiting_key(req("r", 10, 0.0))  # a stub fails here first
-    base, base_summary = fcfs_sim()
-    stats, summary = simulate(ThrashGuard(policy, limit=5000))
+@dataclass(frozen=True)
+class Score:
+    """What a policy reaches on the trace: the figures the targets are stated in."""
+
+    chat_ttft_s: dict[int, float]
+    reasoning_keep: float  # reasoning tokens/s as a share of FCFS's
+    preemptions: int
+
+    def line(self) -> str:
+        return (f"chat TTFT p90 {self.chat_ttft_s[90]:.2f} s, p99 {self.chat_ttft_s[99]:.2f} s; reasoning "
+                f"{self.reasoning_keep:.1%} of FCFS's tok/s; {self.preemptions} preemptions")
+
+
+def score(policy) -> Score:
+    """Run ``policy`` on the trace (stopped if it thrashes) and measure it; raises if a request
+    is left unserved."""
+    base, _ = fcfs_sim()
+    guarded = policy if isinstance(policy, str) else ThrashGuard(policy, limit=5000)
+    stats, summary = simulate(guarded)
     trace = sim_trace()
     if summary["output_tokens"] != trace.num_output_tokens:
         raise Mismatch(trace.num_output_tokens, summary["output_tokens"], "output tokens served")
-    got = request_percentiles(stats, "ttft", "chat", (90, 99))
-    want = request_percentiles(base, "ttft", "chat", (90, 99))
     keep = class_throughput(stats, "reasoning") / class_throughput(base, "reasoning")
-    note = (f"chat TTFT p90 {got[90]:.2f} s, p99 {got[99]:.2f} s (FCFS: {want[90]:.2f} s, {want[99]:.2f} s); "
-            f"reasoning throughput {keep:.1%} of FCFS's; {summary['preemptions']} preemptions "
-            f"(FCFS: {base_summary['preemptions']})")
-    for q in (90, 99):
-        if got[q] * SIM_CHAT_P_SPEEDUP > want[q]:
-            raise Mismatch(f"chat p{q} TTFT <= {want[q] / SIM_CHAT_P_SPEEDUP:.2f} s", f"{got[q]:.2f} s", note)
-    if keep < SIM_REASONING_KEEP:
-        raise Mismatch(f">= {SIM_REASONING_KEEP:.0%} of FCFS's reasoning throughput", f"{keep:.1%}", note)
+    return Score(request_percentiles(stats, "ttft", "chat", tuple(TARGET_CHAT_TTFT_S)), keep,
+                 int(summary["preemptions"]))
 
 
-# On the tiny model: four long requests fill a 20-block pool; three chat requests arrive at step
-# 64, when the pool is full. Nobody sets a priority; the threshold is 16 tokens.
-ENGINE_THRESHOLD = 16
+def targets() -> str:
+    chat = ", ".join(f"p{q} <= {s:g} s" for q, s in TARGET_CHAT_TTFT_S.items())
+    return f"chat TTFT {chat}; reasoning throughput >= {TARGET_REASONING_KEEP:.0%} of FCFS's"
+
+
+@case(CASES, "rule 2: the targets on a simulated H100 (chat + reasoning, no priorities set)", "ChatFirstPolicy",
+      f"{targets()}; every request served; the note shows your figures")
+def _(ex):
+    policy = ex.ChatFirstPolicy()
+    policy.waiting_key(req("r", 10, 0.0))  # a stub fails here first
+    got = score(policy)
+    note = f"yours: {got.line()}; FCFS: {score('fcfs').line()}"
+    for q, limit in TARGET_CHAT_TTFT_S.items():
+        if got.chat_ttft_s[q] > limit:
+            raise Mismatch(f"chat p{q} TTFT <= {limit:g} s", f"{got.chat_ttft_s[q]:.2f} s", note)
+    if got.reasoning_keep < TARGET_REASONING_KEEP:
+        raise Mismatch(f">= {TARGET_REASONING_KEEP:.0%} of FCFS's reasoning throughput", f"{got.reasoning_keep:.1%}",
+                       note)
+
+
+# --- the policy on the engine ----------------------------------------------------------------------
+# On the tiny model: four long requests fill a 20-block pool; three short ones arrive at step 64,
+# when the pool is full, so that the policy's decisions are exercised (nobody sets a priority).
 ENGINE_TRACE = (
     [TraceRequest(f"think-{i}", p, 100) for i, p in enumerate(
         ["Once upon a time", "The old man said", "In the morning the cat", "She opened the door and"])]
@@ -394,22 +401,14 @@ def fcfs_tiny():
     return serve_tiny("fcfs")
 
 
-@case(CASES, "serves the tiny model: FCFS's greedy tokens, chat first", "ChatFirstPolicy",
-      "a policy changes the order, never the tokens; the chat requests should start as soon as they "
-      "arrive, and only long requests be preempted")
+@case(CASES, "rule 3 on the tiny model: every request finishes with FCFS's greedy tokens", "ChatFirstPolicy",
+      "a policy changes the order, never the tokens; the pool is too small for everyone, so your "
+      "victims and push-outs are exercised")
 def _(ex):
-    policy = ex.ChatFirstPolicy(long_output_tokens=ENGINE_THRESHOLD)
+    policy = ex.ChatFirstPolicy()
     policy.waiting_key(req("r", 10, 0.0))  # a stub fails here first
     ref = fcfs_tiny()
     run = serve_tiny(ThrashGuard(policy, limit=500))
     expect(sorted(run.tokens), sorted(ref.tokens), "requests finished")
     for rid, tokens in ref.tokens.items():
         expect(run.tokens[rid], tokens, f"greedy tokens of {rid}")
-    if not run.preemptions:
-        raise Mismatch("some preemption (the pool is too small for everyone)", "none")
-    chat_victims = sorted(rid for rid in run.preemptions if rid.startswith("chat"))
-    expect(chat_victims, [], "chat requests preempted")
-    for r in ENGINE_TRACE:
-        if r.request_id.startswith("chat") and run.wait(r.request_id) >= ref.wait(r.request_id):
-            raise Mismatch(f"first token in fewer than {ref.wait(r.request_id)} steps (FCFS)",
-                           f"{run.wait(r.request_id)} steps", f"{r.request_id}, arrived at step {r.arrival_step}")
