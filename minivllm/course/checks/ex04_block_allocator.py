@@ -146,7 +146,7 @@ def _(ex):
 
 
 # --- the manager -----------------------------------------------------------------------------------
-@case(CASES, "a table covers exactly ceil(tokens / block_size) blocks, and grows in place",
+@case(CASES, "a table holds ceil(tokens / block_size) blocks and grows in place",
       "PagedKVCacheManager.allocate_slots",
       "M1: count the blocks that computed + new + lookahead tokens need; add only what is missing; keep the "
       "blocks already in the table where they are")
