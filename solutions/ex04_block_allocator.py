@@ -1,86 +1,118 @@
-"""Exercise 04: a paged KV cache -- a pool of blocks with a free list and reference counts, and
-a manager that keeps one block table per request.
+"""Exercise 04: a paged KV cache -- the pool of physical blocks, and the manager that keeps one
+block table per request.
 
 Notebook: notebooks/04_block_allocator.ipynb. Check your work with
 ``course.check(course.load("ex04_block_allocator"))`` there, or ``pytest -m ex04``.
 
-``PagedKVCacheManager`` implements minivllm's ``KVCacheManager`` protocol
+You write two classes from their contracts; the data structures are yours to choose.
+
+``BlockPool`` is the memory: ``num_blocks`` blocks with ids ``0 .. num_blocks - 1``, a reference
+count per block (how many block tables point at it) and a queue of the free blocks. Exercise 07
+builds its prefix cache on your pool, and its eviction order is the order of this queue, so the
+pool's rules are exact:
+
+P1. A new pool has every block free, queued in id order: 0, 1, 2, ...
+P2. ``allocate(n)`` takes the ``n`` blocks at the front of the free queue and returns their ids in
+    queue order, each now with a reference count of 1. If fewer than ``n`` are free it raises
+    ``ValueError`` and takes nothing. ``allocate(0)`` is ``[]``.
+P3. ``free(block_ids)`` drops one reference from each block, in the order given; a block whose
+    count reaches 0 joins the back of the free queue. Freeing a block that is already free is a
+    bug somewhere else: raise ``ValueError`` naming the block.
+P4. ``touch(block_ids)`` adds one reference to each block. A free block it touches leaves the
+    free queue; the other free blocks keep their order.
+P5. ``ref_count(block_id)``, ``num_free_blocks`` and ``free_block_ids()`` (the free queue, front
+    first) say how things stand.
+
+``PagedKVCacheManager`` implements minivllm's ``KVCacheManagerInterface`` protocol
 (``minivllm/core/interfaces.py``), so ``LLM(kv_cache=PagedKVCacheManager(num_blocks, 16))``
-serves the model with your bookkeeping: the scheduler asks it for room before every step, the
-model runner writes each token's K/V into the slot your block table gives it. The rules:
+serves the model with it. The scheduler calls ``allocate_slots`` for every request it plans to
+run, before each step, and ``free`` when a request ends or is preempted; the model runner then
+writes each token's K/V at ``table[pos // block_size] * block_size + pos % block_size``, the slot
+your table gives it (the runner works the slot out itself: your part ends at the table). The
+manager's rules:
 
-- **The free queue.** The pool hands out blocks from the *front* of ``free_queue`` and takes
-  freed blocks back at the *back*, so the block freed longest ago is reused first. (Notebook 07
-  turns this order into the prefix cache's least-recently-used order.)
-- **Reference counts.** ``ref_cnt`` counts the block tables that point at a block. A block
-  goes back to the free queue only when its count reaches 0. Here every block has one owner;
-  exercise 07 shares blocks between requests.
-- **Whole blocks, on demand.** After a step a request's table covers exactly
-  ``ceil(tokens / block_size)`` blocks of its tokens (plus any lookahead the scheduler asked
-  for), never more: the last block may be partly empty, the others are full.
-- **All or nothing.** When the pool cannot supply the blocks, ``allocate_slots`` returns
-  ``None`` and changes nothing: no block taken, no table touched. The scheduler then preempts
-  someone and asks again.
-- **Tail first.** ``free`` returns a request's blocks last block first.
+M1. After ``allocate_slots(request, n, num_lookahead_tokens=k)`` succeeds, the request's table
+    holds ``max(blocks it held, ceil((request.num_computed_tokens + n + k) / block_size))``
+    blocks: it grows by whole blocks, only when the tokens no longer fit, and never shrinks;
+    the blocks already in it stay where they are.
+M2. It returns the request's table (``get_block_ids``), or ``None`` when the pool has fewer free
+    blocks than the table must grow by -- and then nothing changed: no block taken, no table
+    grown, and a request seen for the first time has no table at all.
+M3. With exactly as many free blocks as it needs, it succeeds.
+M4. ``free(request)`` gives every block the request holds back to the pool and forgets its table;
+    a request that holds nothing (never admitted, already freed) is not an error.
+M5. Blocks are taken only with ``self.pool.allocate`` and given back only with ``self.pool.free``
+    (``self.pool`` is your ``BlockPool``: the checks read it, and so does notebook 04's block map).
+M6. Which free block a table gets is the pool's business. The checks never compare your block
+    ids with minivllm's: they serve the same requests through minivllm's scheduler with your
+    manager and with minivllm's, and compare what the scheduler did at every step (who ran, how
+    many tokens, who was preempted, blocks in use and per request), the tokens generated, and
+    the pool's books (P5) against your tables.
 
-Block ids are therefore determined by the order of operations, and the check compares them
-with those of minivllm's own ``KVCacheManager`` (prefix caching off), step by step.
+A worked example, blocks of 4 tokens in a pool of 6 (free queue ``0 1 2 3 4 5``)::
 
-How exercise 07 (and notebook 08's assembled engine) builds on this file: exercise 07's
-``PrefixCachingKVCacheManager`` is a subclass of this ``PagedKVCacheManager`` whose
-``pool_class`` is a subclass of this ``BlockPool``. It reuses, unchanged, ``BlockPool.allocate``
-/ ``free`` / ``touch`` (the free queue order becomes the LRU eviction order),
-``num_new_blocks``, ``allocate_slots`` (growing a table), ``free`` (tail first) and
-``slot_mapping``. It relies on the attributes set in ``__init__`` below (``pool``, ``tables``,
-``block_size``) and on every block being taken through ``self.pool.allocate`` and returned
-through ``self.pool.free``: keep to them.
+    allocate_slots(a, 6)             a: [0, 1]        (6 tokens: 2 blocks; free 2 3 4 5)
+    allocate_slots(b, 3)             b: [2]           (free 3 4 5)
+    a.num_computed_tokens = 6
+    allocate_slots(a, 2)             a: [0, 1]        (positions 6, 7 fit in block 1)
+    a.num_computed_tokens = 8
+    allocate_slots(a, 1)             a: [0, 1, 3]     (position 8 opens logical block 2)
+    allocate_slots(c, 13)            None             (4 blocks needed, 2 free: c has no table)
+    free(a)                          free 4 5 + a's blocks, in the order free gives them back
+
+What exercise 07 relies on in this file: ``BlockPool`` and rules P1-P5, nothing else. Its prefix
+cache keeps freed blocks' contents until the pool hands them out again, so the block freed
+longest ago is overwritten first.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 NOTEBOOK = "notebooks/04_block_allocator.ipynb"
 
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ``a``: the number of blocks ``a`` tokens need."""
-    return -(-a // b)
-
-
-@dataclass(eq=False, slots=True)
-class Block:
-    """One physical KV block: room for the K/V of ``block_size`` tokens, in every layer.
-
-    ``ref_cnt`` is the number of block tables that point at it (0: it is in the free queue).
-    """
-
-    block_id: int
-    ref_cnt: int = 0
-
-
 class BlockPool:
-    """A fixed set of blocks and a queue of the free ones, front = handed out next."""
+    """``num_blocks`` physical blocks, their reference counts and the queue of free ones (rules
+    P1-P5 in the module's docstring)."""
 
     def __init__(self, num_blocks: int):
-        if not isinstance(num_blocks, int) or num_blocks < 1:
+        """A pool of ``num_blocks`` free blocks (a positive int, else ``ValueError``), queued in id
+        order."""
+        # BEGIN SOLUTION
+        if type(num_blocks) is not int or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        # An OrderedDict is a queue that can also drop an entry from its middle in O(1)
-        # (touch below, and the prefix cache of notebook 07, need that).
-        self.free_queue: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.ref_counts = [0] * num_blocks
+        # A queue that can also drop an entry from its middle in O(1) (touch needs that).
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # END SOLUTION
 
     @property
     def num_free_blocks(self) -> int:
+        """How many blocks are free."""
+        # BEGIN SOLUTION
         return len(self.free_queue)
+        # END SOLUTION
 
-    def allocate(self, n: int) -> list[Block]:
-        """Take ``n`` blocks from the front of the free queue, each with ``ref_cnt`` 1, in
-        queue order. Raise ``ValueError`` -- taking nothing -- if fewer than ``n`` are free."""
+    def free_block_ids(self) -> list[int]:
+        """The free blocks' ids, the next to be handed out first."""
+        # BEGIN SOLUTION
+        return list(self.free_queue)
+        # END SOLUTION
+
+    def ref_count(self, block_id: int) -> int:
+        """How many block tables point at block ``block_id`` (0: it is free)."""
+        # BEGIN SOLUTION
+        return self.ref_counts[block_id]
+        # END SOLUTION
+
+    def allocate(self, n: int) -> list[int]:
+        """Take the ``n`` blocks at the front of the free queue, with one reference each (P2).
+
+        Fewer than ``n`` free: ``ValueError``, and nothing is taken."""
         # BEGIN SOLUTION
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks, got {n}")
@@ -88,46 +120,49 @@ class BlockPool:
             raise ValueError(f"asked for {n} blocks but only {len(self.free_queue)} are free")
         taken = []
         for _ in range(n):
-            _, block = self.free_queue.popitem(last=False)
-            block.ref_cnt = 1
-            taken.append(block)
+            block_id, _ = self.free_queue.popitem(last=False)
+            self.ref_counts[block_id] = 1
+            taken.append(block_id)
         return taken
         # END SOLUTION
 
-    def free(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference from each block, in the order given; a block whose count reaches
-        0 joins the back of the free queue. Freeing a block that is already free is a bug
-        elsewhere: raise ``ValueError`` naming the block."""
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block, in order; a block left with none joins the back of
+        the free queue (P3)."""
         # BEGIN SOLUTION
-        for block in blocks:
-            if block.ref_cnt <= 0:
-                raise ValueError(f"block {block.block_id} is already free")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue[block.block_id] = block
+        for block_id in block_ids:
+            if self.ref_counts[block_id] <= 0:
+                raise ValueError(f"block {block_id} is already free")
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self.free_queue[block_id] = None
         # END SOLUTION
 
-    def touch(self, blocks: Iterable[Block]) -> None:
-        """Take one more reference on each block: a block another request holds, or a free one
-        whose contents someone wants back (notebook 07). A free block leaves the free queue."""
-        for block in blocks:
-            if block.ref_cnt == 0:
-                del self.free_queue[block.block_id]
-            block.ref_cnt += 1
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Add one reference to each block; a free one leaves the free queue (P4)."""
+        # BEGIN SOLUTION
+        for block_id in block_ids:
+            if self.ref_counts[block_id] == 0:
+                del self.free_queue[block_id]
+            self.ref_counts[block_id] += 1
+        # END SOLUTION
 
 
 class PagedKVCacheManager:
-    """Block tables over a :class:`BlockPool`: minivllm's ``KVCacheManager`` protocol."""
-
-    pool_class: type[BlockPool] = BlockPool  # exercise 07 swaps in a pool that caches prefixes
+    """Block tables over a :class:`BlockPool`: minivllm's ``KVCacheManagerInterface`` (rules
+    M1-M6 in the module's docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
-        if not isinstance(block_size, int) or block_size < 1:
+        """A manager over a new ``BlockPool(num_blocks)`` in ``self.pool``, with ``block_size``
+        tokens per block (a positive int, else ``ValueError``) and no tables yet."""
+        # BEGIN SOLUTION
+        if type(block_size) is not int or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.pool = BlockPool(num_blocks)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.pool = self.pool_class(num_blocks)
-        self.tables: dict[str, list[Block]] = {}  # request id -> its blocks, logical order
+        self.tables: dict[str, list[int]] = {}  # request id -> its block ids, logical order
+        # END SOLUTION
 
     # --- sizes (the engine's statistics read these) ------------------------------------------
     @property
@@ -145,78 +180,56 @@ class PagedKVCacheManager:
 
     @property
     def num_referenced_blocks(self) -> int:
-        """Sum of block-table lengths (more than ``num_used_blocks`` once blocks are shared)."""
+        """The sum of every table's length (more than ``num_used_blocks`` once blocks are shared)."""
+        # BEGIN SOLUTION
         return sum(len(table) for table in self.tables.values())
+        # END SOLUTION
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table: physical block ids of its logical blocks 0, 1, 2, ..."""
-        return [block.block_id for block in self.tables.get(request_id, ())]
+        """The request's block table, physical block ids of its logical blocks 0, 1, 2, ... (``[]``
+        for a request that holds no block)."""
+        # BEGIN SOLUTION
+        return list(self.tables.get(request_id, ()))
+        # END SOLUTION
 
-    def get_computed_blocks(self, request: Any) -> tuple[list[Block], int]:
+    def get_computed_blocks(self, request: Any) -> tuple[list[int], int]:
         """No prefix cache here (exercise 07 adds one): nothing is ever already computed."""
         return [], 0
-
-    # --- the exercise ---------------------------------------------------------------------------
-    def num_new_blocks(self, request: Any, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int:
-        """How many blocks the request's table must grow by to hold its first
-        ``request.num_computed_tokens + num_new_tokens + num_lookahead_tokens`` tokens
-        (0 if the blocks it holds already suffice)."""
-        # BEGIN SOLUTION
-        total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
-        return max(cdiv(total, self.block_size) - len(self.tables.get(request.request_id, ())), 0)
-        # END SOLUTION
 
     def allocate_slots(
         self,
         request: Any,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[Block] = (),
+        new_computed_blocks: Sequence[int] = (),
         num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
-        """Make room for ``num_new_tokens`` more tokens of ``request`` (its first
-        ``request.num_computed_tokens`` tokens are already stored), plus
-        ``num_lookahead_tokens`` reserved beyond them.
+        """Make room for ``num_new_tokens`` more tokens of ``request``; return its table (M1-M3).
 
-        Returns the request's block table (``get_block_ids``), or ``None`` if the pool cannot
-        supply the blocks -- and then nothing changed at all.
-        """
+        Its first ``request.num_computed_tokens`` tokens are stored already; room for
+        ``num_lookahead_tokens`` more is reserved beyond the new ones. ``None`` -- and nothing
+        changed -- if the pool is short of blocks."""
         if new_computed_blocks:
             raise ValueError("this manager has no prefix cache, yet it was given prefix-cache hits")
         # BEGIN SOLUTION
-        need = self.num_new_blocks(request, num_new_tokens, num_lookahead_tokens)
+        rid, bs = request.request_id, self.block_size
+        held = self.tables.get(rid, [])
+        total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        need = max(-(-total // bs) - len(held), 0)
         if need > self.pool.num_free_blocks:
             return None
-        table = self.tables.setdefault(request.request_id, [])
-        table.extend(self.pool.allocate(need))
-        return self.get_block_ids(request.request_id)
+        if need:
+            self.tables.setdefault(rid, []).extend(self.pool.allocate(need))
+        return self.get_block_ids(rid)
         # END SOLUTION
 
     def free(self, request: Any) -> None:
-        """Give back every block the request holds, its last block first, and forget its table.
-        A request that holds nothing (never admitted, or already freed) is not an error."""
+        """Give every block the request holds back to the pool and forget its table (M4)."""
         # BEGIN SOLUTION
         table = self.tables.pop(request.request_id, None)
         if table:
             self.pool.free(reversed(table))
         # END SOLUTION
 
-    def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
-        """The cache slot of each of the request's positions ``start .. end - 1``: the K/V of
-        position ``p`` lives at offset ``p % block_size`` of the physical block that logical
-        block ``p // block_size`` maps to, i.e. slot ``block_id * block_size + offset`` of the
-        flat cache. Raises ``IndexError`` for a position beyond the request's blocks."""
-        table = self.tables.get(request_id, [])
-        if not 0 <= start <= end <= len(table) * self.block_size:
-            raise IndexError(
-                f"positions {start}..{end - 1} of {request_id!r}: its {len(table)} blocks hold "
-                f"positions 0..{len(table) * self.block_size - 1}"
-            )
-        # BEGIN SOLUTION
-        bs = self.block_size
-        return [table[pos // bs].block_id * bs + pos % bs for pos in range(start, end)]
-        # END SOLUTION
-
-    # --- the rest of the protocol ---------------------------------------------------------------
     def commit_written_blocks(self) -> None:
         """Called after every step that ran: nothing to do without a prefix cache."""
 
@@ -224,17 +237,20 @@ class PagedKVCacheManager:
         """Called instead when the step failed: nothing to do without a prefix cache."""
 
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
-        """Every block is either free (``ref_cnt`` 0, in the free queue) or referenced exactly
-        as often as block tables point at it. Raises ``AssertionError`` naming a violation."""
-        references = Counter(block.block_id for table in self.tables.values() for block in table)
-        for block in self.pool.blocks:
-            in_queue = block.block_id in self.pool.free_queue
-            if block.ref_cnt != references[block.block_id] or (block.ref_cnt == 0) != in_queue:
+        """Raise ``AssertionError`` naming the first thing wrong when the pool's books disagree
+        with the tables, or when a request not in ``live_request_ids`` holds blocks."""
+        # BEGIN SOLUTION
+        references = Counter(b for table in self.tables.values() for b in table)
+        free = self.pool.free_block_ids()
+        assert len(set(free)) == len(free), f"a block is in the free queue twice: {sorted(free)}"
+        for block_id in range(self.num_blocks):
+            count, in_queue = self.pool.ref_count(block_id), block_id in self.pool.free_queue
+            if count != references[block_id] or (count == 0) != in_queue:
                 raise AssertionError(
-                    f"block {block.block_id}: ref_cnt {block.ref_cnt}, {references[block.block_id]} "
-                    f"block-table references, in the free queue: {in_queue}"
+                    f"block {block_id}: ref count {count}, {references[block_id]} block-table "
+                    f"references, in the free queue: {in_queue}"
                 )
         if live_request_ids is not None:
-            holders = {rid for rid, table in self.tables.items() if table}
-            extra = holders - set(live_request_ids)
+            extra = {rid for rid, table in self.tables.items() if table} - set(live_request_ids)
             assert not extra, f"blocks held by requests that are not live: {sorted(extra)[:5]}"
+        # END SOLUTION

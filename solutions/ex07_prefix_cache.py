@@ -1,4 +1,4 @@
-"""Exercise 07: prefix caching and copy-on-write forks, on top of your block allocator.
+"""Exercise 07: prefix caching and copy-on-write forks -- a whole KV cache manager, on your pool.
 
 Notebook: notebooks/07_prefix_sharing_cow.ipynb. Check your work with
 ``course.check(course.load("ex07_prefix_cache"))`` there, or ``pytest -m ex07``.
@@ -6,43 +6,88 @@ Notebook: notebooks/07_prefix_sharing_cow.ipynb. Check your work with
 ``PrefixCachingKVCacheManager`` implements minivllm's ``ForkingKVCacheManager`` protocol
 (``minivllm/core/interfaces.py``): ``LLM(kv_cache=PrefixCachingKVCacheManager(num_blocks, 16))``
 serves requests that share a prompt prefix from the same physical blocks, and runs ``n > 1``
-sampling and beam search by forking requests copy-on-write. You write four pieces:
+sampling and beam search by forking requests copy-on-write. It keeps its blocks in exercise 04's
+``BlockPool`` (``ex04`` below: yours once it passes its checks, the reference until then), and
+relies on nothing else of exercise 04: the pool's rules P1-P5 (front of the free queue out,
+freed blocks to the back, ``touch`` pulls a free block out of the queue). You write the hash
+chain (``hash_block``, ``block_hashes``) and the manager; the data structures are yours.
 
-- ``hash_block`` / ``block_hashes``: the identity of a full block is its tokens *and everything
-  before it*, so each block's hash chains the previous block's hash; a request's
-  ``cache_salt`` enters the first block's hash (and, through the chain, every later one);
-- ``get_computed_blocks``: the longest run of cached blocks at the start of a new request's
-  tokens -- whole blocks only, and never every token: the last one must be computed so that
-  there are logits to sample from;
-- ``fork``: a child request shares all of its parent's blocks (reference counts go up, nothing
-  is copied);
-- ``shared_blocks_to_write`` / ``copy_on_write``: before a request writes into a block that
-  another request also holds, it gets a private copy (the copy itself is made on the device by
-  the model runner, from the ``(src, dst)`` pairs in ``pending_copies``).
+How the engine drives a manager, each step: the scheduler calls ``get_computed_blocks`` for a
+request it is about to admit (nothing computed yet) and passes the hits it got to
+``allocate_slots``; it calls ``allocate_slots`` for every other request it plans to run, ``fork``
+when a request branches (``n > 1``, beam search), ``take_pending_copies`` once after planning
+(the model runner makes those block copies on the device before the forward pass), and ``free``
+when a request ends or is preempted. After the forward pass the step loop calls
+``commit_written_blocks`` -- or ``discard_unwritten_blocks`` if the step failed.
 
-The rest is given: the pool that holds the cache (``CachingBlockPool``), registering blocks
-once the step that fills them has run (``commit_written_blocks``), and ``allocate_slots``,
-which puts the pieces together so that a refused allocation still changes nothing.
+The rules (the checks grade what follows from them, never your block ids):
 
-How this composes with exercise 04 (and how notebook 08 assembles the student's engine)::
+Hashes
+H1. ``hash_block`` is a deterministic int of the parent's hash, the block's token ids in order
+    and its extra keys; change any of them and the hash changes.
+H2. ``block_hashes`` hashes the *full* blocks of a token sequence, each chained to the one
+    before it (the first to ``parent``); ``(cache_salt,)`` is the extra key of a chain's first
+    block only, so every later block carries the salt through the chain.
 
-    ex04 = course.working("ex04_block_allocator")  # your allocator, or the reference
-    ex07 = course.working("ex07_prefix_cache")     # this file, built on that same ex04
-    kv = ex07.PrefixCachingKVCacheManager(num_blocks, block_size)  # a ForkingKVCacheManager
-    llm = LLM(kv_cache=kv, ...)
+The cache
+C1. A full block is registered under its hash only once the step that writes its last token has
+    run: ``commit_written_blocks`` registers the full blocks of the requests the step's
+    ``allocate_slots`` calls were for; after ``discard_unwritten_blocks`` none of them is. A
+    request freed (preempted) before the commit registers nothing. This holds for every block:
+    a prompt's, a generated one's, a fork's, a copy's.
+C2. One block per hash: a block whose hash is cached already (under another block) is not
+    registered. Within one commit, requests register in the order ``allocate_slots`` was called
+    for them.
+C3. A cached block stays cached while requests hold it and after they free it, until the pool's
+    ``allocate`` hands it out again: then, and only then, its hash is forgotten (evicted). A
+    cached block nobody holds is free (it counts in ``num_free_blocks``).
+C4. ``free`` gives a request's blocks back last block first (with P2/P3: its private tail is
+    evicted before the prefix it may share, and the block freed longest ago goes first).
 
-``ex04`` below is your exercise 04 if it passes its checks, else the reference solution (with
-a notice). ``CachingBlockPool`` subclasses ``ex04.BlockPool`` and
-``PrefixCachingKVCacheManager`` subclasses ``ex04.PagedKVCacheManager`` (installing the pool
-through ``pool_class``), so exercise 04's free queue, reference counts, table growth, slot
-mapping and tail-first ``free`` are the ones that run. The free queue's order -- freed blocks
-join the back, new blocks come from the front -- makes eviction least-recently-used: a free
-block keeps its contents and its place in the cache until the pool hands it out again.
+Lookup
+L1. ``get_computed_blocks(request)`` returns the longest run of cached blocks matching the
+    request's block hashes from its first block on (stopping at the first miss), as ``(their
+    block ids, number of tokens they hold)``, and reserves nothing. At most ``(request.num_tokens - 1) //
+    block_size`` blocks: the last token is always computed, to give the logits to sample from.
+    With ``enable_caching=False``: ``([], 0)``.
+
+Allocation
+A1. ``allocate_slots(request, n, hits, k)``: the hits (only ever given for a request that holds
+    nothing yet) become the request's logical blocks ``0 .. len(hits) - 1``, each with one more
+    reference -- a hit nobody held leaves the free queue; then the table grows as in exercise 04
+    (rule M1) to hold ``request.num_computed_tokens + len(hits) * block_size + n + k`` tokens.
+A2. Copy-on-write: if a block that the ``n`` new tokens land in (positions ``num_computed +
+    len(hits) * block_size`` to that plus ``n - 1``) is also in another table (``ref_count`` > 1),
+    the request first gets a fresh block in its place, drops its reference to the shared one, and
+    ``(shared id, fresh id)`` joins the copies ``take_pending_copies()`` hands over, once. No
+    other block is copied.
+A3. All or nothing: if the pool cannot supply the fresh blocks and the copies (a free hit counts
+    as taken), return ``None`` and change nothing at all.
+
+Forks
+F1. ``fork(parent, child)``: the child (a new request with the parent's tokens and computed
+    count) gets a table listing the parent's blocks, one more reference each; nothing is copied.
+F2. ``free`` also drops the pending copies into blocks the request held.
+
+A worked example, blocks of 4 (hashes shortened)::
+
+    a = 10 tokens t0..t9          hashes: h0 = H(None, t0..t3), h1 = H(h0, t4..t7); t8, t9: none
+    allocate_slots(a, 10)         a: [0, 1, 2]; nothing cached yet
+    commit_written_blocks()       cached: h0 -> 0, h1 -> 1
+    b = t0..t7 + 3 other tokens   get_computed_blocks(b) = ([0, 1], 8)
+    allocate_slots(b, 3, [0, 1])  b: [0, 1, 3]; blocks 0, 1 have 2 references
+    fork(b, c)                    c: [0, 1, 3]; block 3 has 2 references
+    allocate_slots(c, 1)          c writes position 11, in shared block 3: c: [0, 1, 4], copy (3, 4)
+
+How notebook 08 assembles the student's engine: ``ex07 = course.working("ex07_prefix_cache")``,
+then ``ex07.PrefixCachingKVCacheManager(num_blocks, block_size)``; ``ex07.ex04`` is the exercise
+04 it runs on.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -50,37 +95,35 @@ from minivllm import course
 
 NOTEBOOK = "notebooks/07_prefix_sharing_cow.ipynb"
 
-# Exercise 07 builds on exercise 04: yours if it passes its checks, else the reference.
+# Exercise 07 builds on exercise 04's pool: yours if it passes its checks, else the reference.
 ex04 = course.working("ex04_block_allocator")
-Block = ex04.Block
 
 
 # --- hashing ---------------------------------------------------------------------------------------
-def _digest(parts: tuple) -> int:
-    """64 bits of SHA-256 over a canonical text of ``parts``. (Python's ``hash`` of a string
-    changes from one process to the next; this does not, so printed hashes stay put.)"""
+def digest(parts: tuple) -> int:
+    """64 bits of SHA-256 over a canonical text of ``parts`` (ints, strings, ``None``, tuples).
+    Python's ``hash`` of a string changes from one process to the next; this does not."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
 
 
 def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_keys: tuple | None = None) -> int:
-    """The identity of one full block: a 64-bit int that depends on ``parent_hash`` (the hash
-    of the block before it, ``None`` for a sequence's first block), on this block's token ids
-    in order, and on ``extra_keys`` (``None`` or a tuple, e.g. ``(cache_salt,)``).
+    """The identity of one full block, an int (H1): ``parent_hash`` (``None`` for a sequence's
+    first block), the block's token ids in order, and ``extra_keys`` (``None`` or a tuple).
 
-    Use ``_digest`` above (or any deterministic hash): equal inputs, equal hash."""
+    ``digest`` above will do, or any deterministic hash: equal inputs, equal hash."""
     # BEGIN SOLUTION
-    return _digest((parent_hash, tuple(token_ids), extra_keys))
+    return digest((parent_hash, tuple(token_ids), extra_keys))
     # END SOLUTION
 
 
 def block_hashes(
     token_ids: Sequence[int], block_size: int, cache_salt: str | None = None, parent: int | None = None
 ) -> list[int]:
-    """Hashes of the *full* blocks of ``token_ids`` (a trailing partial block has none), each
-    chained to the one before it; the first is chained to ``parent`` (``None`` when
-    ``token_ids`` starts a sequence). ``cache_salt`` (if not ``None``) is the first block's
-    extra key, ``(cache_salt,)``, but only when ``parent`` is ``None``: later blocks inherit it
-    through the chain."""
+    """The hashes of the full blocks of ``token_ids``, each chained to the one before (H2).
+
+    The first is chained to ``parent`` (``None`` when ``token_ids`` starts a sequence); a
+    trailing partial block has no hash. ``cache_salt`` (if not ``None``) is the extra key,
+    ``(cache_salt,)``, of the chain's first block only: only when ``parent`` is ``None``."""
     # BEGIN SOLUTION
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
@@ -91,207 +134,205 @@ def block_hashes(
     # END SOLUTION
 
 
-# --- the pool with a prefix cache ----------------------------------------------------------------
-class CachingBlockPool(ex04.BlockPool):
-    """Exercise 04's pool plus the prefix cache: block hash -> the block holding those tokens.
-
-    A registered block stays in the cache while requests use it *and* after they free it, in
-    the free queue, until ``allocate`` hands it out to be overwritten: that is its eviction.
-    Since freed blocks join the back of the queue and new ones come from the front, the block
-    evicted first is the one freed longest ago (LRU)."""
-
-    def __init__(self, num_blocks: int):
-        super().__init__(num_blocks)
-        self.cached: dict[int, Block] = {}  # block hash -> block
-        self.hash_of: dict[int, int] = {}  # block id -> its hash, for blocks in ``cached``
-        self.num_evictions = 0
-
-    def allocate(self, n: int) -> list[Block]:
-        blocks = super().allocate(n)
-        for block in blocks:  # about to be overwritten: no longer holds what it was cached for
-            self.evict(block)
-        return blocks
-
-    def evict(self, block: Block) -> None:
-        block_hash = self.hash_of.pop(block.block_id, None)
-        if block_hash is not None:
-            del self.cached[block_hash]
-            self.num_evictions += 1
-
-    def lookup(self, block_hash: int) -> Block | None:
-        return self.cached.get(block_hash)
-
-    def register(self, block: Block, block_hash: int) -> None:
-        """Cache a block whose K/V is written. If the same contents are cached already (two
-        requests computed the same prefix at the same time), the older block stays the entry."""
-        if block_hash not in self.cached and block.block_id not in self.hash_of:
-            self.cached[block_hash] = block
-            self.hash_of[block.block_id] = block_hash
-
-
 # --- the manager ----------------------------------------------------------------------------------
-class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
-    """Exercise 04's manager plus prefix caching and copy-on-write forks."""
-
-    pool_class = CachingBlockPool
+class PrefixCachingKVCacheManager:
+    """Block tables over exercise 04's ``BlockPool``, with a prefix cache and copy-on-write forks:
+    minivllm's ``ForkingKVCacheManager`` (the rules in the module's docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_caching: bool = True):
-        super().__init__(num_blocks, block_size)
+        """A manager over a new ``ex04.BlockPool(num_blocks)`` in ``self.pool``, ``block_size``
+        tokens per block (a positive int, else ``ValueError``), with an empty prefix cache."""
+        # BEGIN SOLUTION
+        if type(block_size) is not int or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.pool = ex04.BlockPool(num_blocks)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
         self.enable_caching = enable_caching
+        self.tables: dict[str, list[int]] = {}  # request id -> its block ids, logical order
         self.hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks so far
-        self.num_committed: dict[str, int] = {}  # request id -> leading blocks it has registered
+        self.num_committed: dict[str, int] = {}  # request id -> its leading blocks known cached
+        self.cached: dict[int, int] = {}  # block hash -> the block registered under it
+        self.hash_of: dict[int, int] = {}  # block id -> its hash, for the blocks in ``cached``
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) for the next forward pass
-        self.num_cow_copies = 0
-        self._allocated_this_step: list[Any] = []  # requests whose blocks this step may fill
+        self.planned: list[Any] = []  # requests whose blocks this step may fill, in order
+        # END SOLUTION
 
-    # --- prefix cache ------------------------------------------------------------------------------
-    def request_hashes(self, request: Any) -> list[int]:
-        """The hashes of every full block of the request's tokens, extended as it grows."""
-        hashes = self.hashes.setdefault(request.request_id, [])
-        tokens, bs = request.all_token_ids, self.block_size
-        num_full = len(tokens) // bs
-        if len(hashes) < num_full:
-            parent = hashes[-1] if hashes else None
-            hashes.extend(block_hashes(tokens[len(hashes) * bs : num_full * bs], bs, request.cache_salt, parent))
-        return hashes
+    # --- sizes (the engine's statistics read these) ------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
 
-    def get_computed_blocks(self, request: Any) -> tuple[list[Block], int]:
-        """The longest run of cached blocks at the start of a new request's tokens, as
-        ``(blocks, number of tokens they hold)``; nothing is reserved yet (``allocate_slots``
-        does that). The request's last token is never covered: it must be computed to have
-        logits to sample from."""
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.pool.num_free_blocks
+
+    @property
+    def num_reserved_slots(self) -> int:
+        """Token slots set aside for requests: whole blocks, partly empty last blocks included."""
+        return self.num_used_blocks * self.block_size
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        """The sum of every table's length (more than ``num_used_blocks`` when blocks are shared)."""
+        # BEGIN SOLUTION
+        return sum(len(table) for table in self.tables.values())
+        # END SOLUTION
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (``[]`` for a request that holds no block)."""
+        # BEGIN SOLUTION
+        return list(self.tables.get(request_id, ()))
+        # END SOLUTION
+
+    def cached_block_ids(self) -> set[int]:
+        """The blocks registered in the prefix cache now, held or free (for the block map)."""
+        # BEGIN SOLUTION
+        return set(self.hash_of)
+        # END SOLUTION
+
+    # --- the prefix cache ----------------------------------------------------------------------
+    def get_computed_blocks(self, request: Any) -> tuple[list[int], int]:
+        """The longest run of cached blocks at the start of a new request's tokens, and the
+        number of tokens they hold (L1); reserves nothing."""
+        # BEGIN SOLUTION
         if not self.enable_caching:
             return [], 0
-        # BEGIN SOLUTION
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[Block] = []
-        for block_hash in self.request_hashes(request)[:max_hit_blocks]:
-            block = self.pool.lookup(block_hash)
+        bs = self.block_size
+        max_hit_blocks = (request.num_tokens - 1) // bs
+        hits: list[int] = []
+        for block_hash in block_hashes(request.all_token_ids[: max_hit_blocks * bs], bs, request.cache_salt):
+            block = self.cached.get(block_hash)
             if block is None:
                 break
             hits.append(block)
         return hits, len(hits) * self.block_size
         # END SOLUTION
 
-    def commit_written_blocks(self) -> None:
-        """The step's forward pass has run: the blocks it filled hold K/V now, so they join the
-        cache. Not earlier: a request preempted out of the step, or a step that failed, must
-        not leave a registered block whose K/V was never written."""
-        requests, self._allocated_this_step = self._allocated_this_step, []
-        for request in requests:
-            rid = request.request_id
-            table = self.tables.get(rid)
-            if not table:  # preempted after its allocation: it wrote nothing it still holds
-                continue
-            num_full = min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size
-            start = self.num_committed.get(rid, 0)
-            if num_full <= start:
-                continue
-            hashes = self.request_hashes(request)
-            for block, block_hash in zip(table[start:num_full], hashes[start:num_full], strict=True):
-                self.pool.register(block, block_hash)
-            self.num_committed[rid] = num_full
-
-    def discard_unwritten_blocks(self) -> None:
-        """The step failed: register nothing it was filling."""
-        self._allocated_this_step = []
-
-    # --- copy-on-write -----------------------------------------------------------------------------
-    def fork(self, parent: Any, child: Any) -> None:
-        """``child`` (a new request with the same tokens) shares every block of ``parent``;
-        whichever of them first writes into a shared block gets a copy of it."""
-        if child.request_id in self.tables:
-            raise ValueError(f"request {child.request_id!r} already holds blocks")
-        # BEGIN SOLUTION
-        blocks = self.tables.get(parent.request_id, [])
-        self.pool.touch(blocks)
-        self.tables[child.request_id] = list(blocks)
-        # END SOLUTION
-        # what the cache knows about the parent's blocks holds for the child's
-        self.hashes[child.request_id] = list(self.hashes.get(parent.request_id, []))
-        self.num_committed[child.request_id] = self.num_committed.get(parent.request_id, 0)
-
-    def shared_blocks_to_write(self, request: Any, num_new_tokens: int) -> list[int]:
-        """Indices, in the request's block table, of the blocks that its next
-        ``num_new_tokens`` tokens (positions ``request.num_computed_tokens`` onwards) would be
-        written into and that another request also holds."""
-        # BEGIN SOLUTION
-        table = self.tables.get(request.request_id, [])
-        if num_new_tokens <= 0 or not table:
-            return []
-        first = request.num_computed_tokens // self.block_size
-        last = min((request.num_computed_tokens + num_new_tokens - 1) // self.block_size, len(table) - 1)
-        return [i for i in range(first, last + 1) if table[i].ref_cnt > 1]
-        # END SOLUTION
-
-    def copy_on_write(self, request_id: str, index: int) -> None:
-        """Give the request a private copy of its block ``index``: a new block from the pool
-        takes its place in the table, ``(old id, new id)`` joins ``pending_copies``, and the
-        request drops its reference to the old block (the others keep theirs)."""
-        # BEGIN SOLUTION
-        table = self.tables[request_id]
-        old = table[index]
-        (new,) = self.pool.allocate(1)
-        self.pending_copies.append((old.block_id, new.block_id))
-        table[index] = new
-        self.pool.free([old])
-        # END SOLUTION
-        self.num_cow_copies += 1
-
-    def take_pending_copies(self) -> list[tuple[int, int]]:
-        """The ``(src, dst)`` copies the next forward pass must make before it runs."""
-        copies, self.pending_copies = self.pending_copies, []
-        return copies
-
-    # --- putting it together -------------------------------------------------------------------
     def allocate_slots(
         self,
         request: Any,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[Block] = (),
+        new_computed_blocks: Sequence[int] = (),
         num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
-        """Exercise 04's ``allocate_slots``, plus prefix-cache hits (``new_computed_blocks``,
-        from ``get_computed_blocks``: attached first, as if computed) and copy-on-write of shared
-        blocks this step writes into. Returns the block table, or ``None`` with nothing changed."""
-        rid = request.request_id
+        """Attach the hits, copy the shared blocks the new tokens land in, grow the table; return
+        it, or ``None`` with nothing changed (A1-A3)."""
+        # BEGIN SOLUTION
+        rid, bs, pool = request.request_id, self.block_size, self.pool
+        table = self.tables.get(rid, [])
         hits = list(new_computed_blocks)
-        num_hit_tokens = len(hits) * self.block_size
-        to_copy = self.shared_blocks_to_write(request, num_new_tokens)
-        # blocks exercise 04 will add for the tokens after the hits (a request with hits is new,
-        # so its table holds nothing yet: the hits count as tokens it must make room for)
-        fresh = self.num_new_blocks(request, num_hit_tokens + num_new_tokens, num_lookahead_tokens) - len(hits)
-        # a hit sitting in the free queue stops being free when we take it
-        free_hits = sum(1 for block in hits if block.ref_cnt == 0)
-        if fresh + len(to_copy) > self.pool.num_free_blocks - free_hits:
+        if hits and table:
+            raise ValueError(f"{rid!r} already holds blocks: prefix-cache hits are for new requests")
+        first = request.num_computed_tokens + len(hits) * bs  # the first position written now
+        end = first + num_new_tokens
+        last = min((end - 1) // bs, len(table) - 1) if num_new_tokens > 0 else -1
+        to_copy = [i for i in range(first // bs, last + 1) if pool.ref_count(table[i]) > 1]
+        need = max(-(-(end + num_lookahead_tokens) // bs) - len(table) - len(hits), 0)
+        free_hits = sum(1 for block in hits if pool.ref_count(block) == 0)
+        if need + len(to_copy) > pool.num_free_blocks - free_hits:
             return None
-        for index in to_copy:
-            self.copy_on_write(rid, index)
+        table = self.tables.setdefault(rid, [])
         if hits:
-            self.pool.touch(hits)
-            self.tables.setdefault(rid, []).extend(hits)
+            pool.touch(hits)  # before taking new blocks: a free hit must not be handed out as one
+            table.extend(hits)
             self.num_committed[rid] = len(hits)
-        table = super().allocate_slots(request, num_hit_tokens + num_new_tokens, (), num_lookahead_tokens)
-        if table is None:
-            raise AssertionError(f"exercise 04 refused {rid!r} although {fresh} blocks were free for it")
+        fresh = pool.allocate(len(to_copy) + need)
+        for block in fresh:  # about to be overwritten: it no longer holds what it was cached for
+            evicted = self.hash_of.pop(block, None)
+            if evicted is not None:
+                del self.cached[evicted]
+        for i, copy in zip(to_copy, fresh, strict=False):
+            self.pending_copies.append((table[i], copy))
+            pool.free([table[i]])  # ours goes; the other holders keep theirs
+            table[i] = copy
+        table.extend(fresh[len(to_copy) :])
         if self.enable_caching:
-            self._allocated_this_step.append(request)
-        return table
+            self.planned.append(request)
+        return list(table)
+        # END SOLUTION
+
+    def commit_written_blocks(self) -> None:
+        """The step ran: register the full blocks it wrote (C1, C2)."""
+        # BEGIN SOLUTION
+        planned, self.planned = self.planned, []
+        for request in planned:
+            rid = request.request_id
+            table = self.tables.get(rid)
+            if not table:  # freed (preempted) after its allocation: it holds nothing it wrote
+                continue
+            num_full = min(request.num_computed_tokens // self.block_size, len(table))
+            start = self.num_committed.get(rid, 0)
+            if num_full <= start:
+                continue
+            hashes = self.hashes.setdefault(rid, [])
+            if len(hashes) < num_full:  # extend the request's chain to its new full blocks
+                tokens, bs = request.all_token_ids, self.block_size
+                parent = hashes[-1] if hashes else None
+                hashes += block_hashes(tokens[len(hashes) * bs : num_full * bs], bs, request.cache_salt, parent)
+            for block, block_hash in zip(table[start:num_full], hashes[start:num_full], strict=True):
+                if block_hash not in self.cached and block not in self.hash_of:
+                    self.cached[block_hash] = block
+                    self.hash_of[block] = block_hash
+            self.num_committed[rid] = num_full
+        # END SOLUTION
+
+    def discard_unwritten_blocks(self) -> None:
+        """The step failed: register none of the blocks it was to fill (C1)."""
+        # BEGIN SOLUTION
+        self.planned = []
+        # END SOLUTION
+
+    # --- forks ---------------------------------------------------------------------------------
+    def fork(self, parent: Any, child: Any) -> None:
+        """``child`` shares every block of ``parent``: one more reference each, nothing copied (F1)."""
+        # BEGIN SOLUTION
+        if self.tables.get(child.request_id):
+            raise ValueError(f"request {child.request_id!r} already holds blocks")
+        blocks = self.tables.get(parent.request_id, [])
+        self.pool.touch(blocks)
+        self.tables[child.request_id] = list(blocks)
+        self.hashes[child.request_id] = list(self.hashes.get(parent.request_id, []))
+        self.num_committed[child.request_id] = self.num_committed.get(parent.request_id, 0)
+        # END SOLUTION
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The ``(src, dst)`` block copies the next forward pass must make first, each once (A2)."""
+        # BEGIN SOLUTION
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+        # END SOLUTION
 
     def free(self, request: Any) -> None:
-        """Exercise 04's ``free`` (tail first, so a shared prefix is evicted last), after
-        forgetting the request's hashes and any copy into a block it will no longer hold."""
+        """Give the request's blocks back, last block first, and forget it (C4, F2)."""
+        # BEGIN SOLUTION
         rid = request.request_id
-        mine = set(self.get_block_ids(rid))
-        if self.pending_copies and mine:
-            self.pending_copies = [(src, dst) for src, dst in self.pending_copies if dst not in mine]
+        table = self.tables.pop(rid, None)
         self.hashes.pop(rid, None)
         self.num_committed.pop(rid, None)
-        super().free(request)
+        if not table:
+            return
+        if self.pending_copies:
+            mine = set(table)
+            self.pending_copies = [(src, dst) for src, dst in self.pending_copies if dst not in mine]
+        self.pool.free(reversed(table))
+        # END SOLUTION
 
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
-        super().check_invariants(live_request_ids)
-        for block_hash, block in self.pool.cached.items():
-            assert self.pool.hash_of.get(block.block_id) == block_hash, (
-                f"the cache maps a hash to block {block.block_id}, which is registered under another"
-            )
+        """Raise ``AssertionError`` naming the first thing wrong: the pool's books against the
+        tables, the cache's entries, a request not in ``live_request_ids`` that holds blocks."""
+        # BEGIN SOLUTION
+        references = Counter(b for table in self.tables.values() for b in table)
+        free = set(self.pool.free_block_ids())
+        for block in range(self.num_blocks):
+            count = self.pool.ref_count(block)
+            if count != references[block] or (count == 0) != (block in free):
+                raise AssertionError(f"block {block}: ref count {count}, {references[block]} block-table "
+                                     f"references, in the free queue: {block in free}")
+        for block_hash, block in self.cached.items():
+            assert self.hash_of.get(block) == block_hash, f"the cache's entry for block {block} is stale"
+        assert len(self.hash_of) == len(self.cached), "a block is registered under two hashes"
+        if live_request_ids is not None:
+            extra = {rid for rid, table in self.tables.items() if table} - set(live_request_ids)
+            assert not extra, f"blocks held by requests that are not live: {sorted(extra)[:5]}"
+        # END SOLUTION

@@ -379,38 +379,45 @@ MUTANTS = [
      '            q = query[rows].view(len(seqs), num_kv_heads * group, 1, head_dim)\n'
      '            scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale\n'),
     # ex04: a block boundary rounded down instead of up
-    ("ex04_block_allocator", "return max(cdiv(total, self.block_size) - len(", "return max(total // self.block_size - len("),
+    ("ex04_block_allocator", "need = max(-(-total // bs) - len(held), 0)", "need = max(total // bs - len(held), 0)"),
     # ex04: the lookahead the static scheduler asks for is ignored
     ("ex04_block_allocator", "total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens",
      "total = request.num_computed_tokens + num_new_tokens"),
+    # ex04: the partly filled last block not counted as held
+    ("ex04_block_allocator", "need = max(-(-total // bs) - len(held), 0)",
+     "need = max(-(-total // bs) - request.num_computed_tokens // bs, 0)"),
     # ex04: a failed allocation keeps the blocks it took before running out
     ("ex04_block_allocator",
      "        if n > len(self.free_queue):\n            raise ValueError(f\"asked for {n} blocks but only {len(self.free_queue)} are free\")\n        taken = []\n        for _ in range(n):\n",
      "        taken = []\n        for _ in range(n):\n            if not self.free_queue:\n                raise ValueError(\"out of blocks\")\n"),
-    # ex04: freed head first
-    ("ex04_block_allocator", "self.pool.free(reversed(table))", "self.pool.free(table)"),
     # ex04: free ignores the other holders of a shared block
-    ("ex04_block_allocator", "block.ref_cnt -= 1\n            if block.ref_cnt == 0:", "block.ref_cnt = 0\n            if True:"),
+    ("ex04_block_allocator", "self.ref_counts[block_id] -= 1\n            if self.ref_counts[block_id] == 0:",
+     "self.ref_counts[block_id] = 0\n            if True:"),
     # ex04: a double free goes unnoticed
-    ("ex04_block_allocator", "            if block.ref_cnt <= 0:\n                raise ValueError(f\"block {block.block_id} is already free\")\n", ""),
+    ("ex04_block_allocator", "            if self.ref_counts[block_id] <= 0:\n                raise ValueError(f\"block {block_id} is already free\")\n", ""),
     # ex04: the free list used as a stack (the block freed last is reused first)
     ("ex04_block_allocator", "popitem(last=False)", "popitem()"),
-    # ex04: the partly filled last block not counted as held
-    ("ex04_block_allocator", "- len(self.tables.get(request.request_id, ())), 0)", "- request.num_computed_tokens // self.block_size, 0)"),
+    # ex04: touch leaves a free block in the free queue
+    ("ex04_block_allocator", "            if self.ref_counts[block_id] == 0:\n                del self.free_queue[block_id]\n", ""),
     # ex04: refusing when exactly enough blocks are free
     ("ex04_block_allocator", "if need > self.pool.num_free_blocks:", "if need >= self.pool.num_free_blocks:"),
     # ex04: a refused new request gets an (empty) table all the same
     ("ex04_block_allocator",
-     "        if need > self.pool.num_free_blocks:\n            return None\n        table = self.tables.setdefault(request.request_id, [])\n",
-     "        table = self.tables.setdefault(request.request_id, [])\n        if need > self.pool.num_free_blocks:\n            return None\n"),
-    # ex04: the logical block used as if it were the physical one
-    ("ex04_block_allocator", "table[pos // bs].block_id * bs + pos % bs", "pos // bs * bs + pos % bs"),
-    # ex04: the block id used as a slot (not multiplied by the block size)
-    ("ex04_block_allocator", "table[pos // bs].block_id * bs + pos % bs", "table[pos // bs].block_id + pos % bs"),
+     "        if need > self.pool.num_free_blocks:\n            return None\n        if need:\n            self.tables.setdefault(rid, []).extend(",
+     "        table = self.tables.setdefault(rid, [])\n        if need > self.pool.num_free_blocks:\n            return None\n"
+     "        if need:\n            table.extend("),
+    # ex04: a growing table replaced instead of extended
+    ("ex04_block_allocator", "self.tables.setdefault(rid, []).extend(self.pool.allocate(need))",
+     "self.tables[rid] = self.pool.allocate(need)"),
+    # ex04: free gives the blocks back but keeps the table (a second free is a double free)
+    ("ex04_block_allocator", "table = self.tables.pop(request.request_id, None)", "table = self.tables.get(request.request_id)"),
+    # ex04: check_invariants never looks at who holds blocks
+    ("ex04_block_allocator", "extra = {rid for rid, table in self.tables.items() if table} - set(live_request_ids)",
+     "extra = set()"),
     # ex07: a block hashed on its own tokens, not chained to its parent
-    ("ex07_prefix_cache", "return _digest((parent_hash, tuple(token_ids), extra_keys))", "return _digest((tuple(token_ids), extra_keys))"),
+    ("ex07_prefix_cache", "return digest((parent_hash, tuple(token_ids), extra_keys))", "return digest((tuple(token_ids), extra_keys))"),
     # ex07: the extra keys (cache_salt) ignored
-    ("ex07_prefix_cache", "return _digest((parent_hash, tuple(token_ids), extra_keys))", "return _digest((parent_hash, tuple(token_ids)))"),
+    ("ex07_prefix_cache", "return digest((parent_hash, tuple(token_ids), extra_keys))", "return digest((parent_hash, tuple(token_ids)))"),
     # ex07: a trailing partial block hashed (and so registered)
     ("ex07_prefix_cache", "range(0, len(token_ids) - block_size + 1, block_size)", "range(0, len(token_ids), block_size)"),
     # ex07: the salt mixed into every block, so a chain continued from a parent hashes differently
@@ -421,25 +428,39 @@ MUTANTS = [
     # ex07: the chain restarted instead of continued from the given parent
     ("ex07_prefix_cache", "    hashes: list[int] = []\n    for start", "    hashes: list[int] = []\n    parent = None\n    for start"),
     # ex07: a hit covering the whole prompt (nothing left to compute, no logits)
-    ("ex07_prefix_cache", "max_hit_blocks = (request.num_tokens - 1) // self.block_size", "max_hit_blocks = request.num_tokens // self.block_size"),
+    ("ex07_prefix_cache", "max_hit_blocks = (request.num_tokens - 1) // bs", "max_hit_blocks = request.num_tokens // bs"),
     # ex07: fork without taking references
     ("ex07_prefix_cache", "        self.pool.touch(blocks)\n        self.tables[child.request_id]", "        self.tables[child.request_id]"),
     # ex07: the child's table is the parent's list itself (a copy on write replaces both)
     ("ex07_prefix_cache", "self.tables[child.request_id] = list(blocks)", "self.tables[child.request_id] = blocks"),
     # ex07: copying a block nobody else holds
-    ("ex07_prefix_cache", "if table[i].ref_cnt > 1]", "if table[i].ref_cnt >= 1]"),
+    ("ex07_prefix_cache", "if pool.ref_count(table[i]) > 1]", "if pool.ref_count(table[i]) >= 1]"),
     # ex07: the written range one block too long
-    ("ex07_prefix_cache", "(request.num_computed_tokens + num_new_tokens - 1) // self.block_size", "(request.num_computed_tokens + num_new_tokens) // self.block_size"),
+    ("ex07_prefix_cache", "last = min((end - 1) // bs, len(table) - 1)", "last = min(end // bs, len(table) - 1)"),
     # ex07: full shared blocks before the written range copied too
-    ("ex07_prefix_cache", "first = request.num_computed_tokens // self.block_size", "first = 0"),
+    ("ex07_prefix_cache", "for i in range(first // bs, last + 1)", "for i in range(0, last + 1)"),
     # ex07: the copy keeps its reference to the shared block
-    ("ex07_prefix_cache", "        table[index] = new\n        self.pool.free([old])\n", "        table[index] = new\n"),
+    ("ex07_prefix_cache", "            pool.free([table[i]])  # ours goes; the other holders keep theirs\n", ""),
     # ex07: the copy recorded backwards
-    ("ex07_prefix_cache", "self.pending_copies.append((old.block_id, new.block_id))", "self.pending_copies.append((new.block_id, old.block_id))"),
+    ("ex07_prefix_cache", "self.pending_copies.append((table[i], copy))", "self.pending_copies.append((copy, table[i]))"),
+    # ex07: a free hit not counted as taken when checking that the request fits
+    ("ex07_prefix_cache", "free_hits = sum(1 for block in hits if pool.ref_count(block) == 0)", "free_hits = 0"),
+    # ex07: new blocks taken before the references on the hits (a free hit handed out as a new block)
+    ("ex07_prefix_cache",
+     "        if hits:\n            pool.touch(hits)  # before taking new blocks: a free hit must not be handed out as one\n"
+     "            table.extend(hits)\n            self.num_committed[rid] = len(hits)\n        fresh = pool.allocate(len(to_copy) + need)\n",
+     "        fresh = pool.allocate(len(to_copy) + need)\n        if hits:\n            pool.touch(hits)\n"
+     "            table.extend(hits)\n            self.num_committed[rid] = len(hits)\n"),
+    # ex07: a block handed out again keeps the hash of what it held (a stale hit)
+    ("ex07_prefix_cache", "            evicted = self.hash_of.pop(block, None)\n            if evicted is not None:\n"
+     "                del self.cached[evicted]\n", "            pass\n"),
+    # ex07: freed head first (the shared prefix evicted before the private tail)
+    ("ex07_prefix_cache", "self.pool.free(reversed(table))", "self.pool.free(table)"),
     # ex07: blocks registered when allocated, before the step that writes them has run
-    ("ex07_prefix_cache", "            self._allocated_this_step.append(request)\n        return table",
-     "            self._allocated_this_step.append(request)\n            request.num_computed_tokens += num_hit_tokens + num_new_tokens\n"
-     "            self.commit_written_blocks()\n            request.num_computed_tokens -= num_hit_tokens + num_new_tokens\n        return table"),
+    ("ex07_prefix_cache", "            self.planned.append(request)\n        return list(table)",
+     "            self.planned.append(request)\n            added = len(hits) * bs + num_new_tokens\n"
+     "            request.num_computed_tokens += added\n            self.commit_written_blocks()\n"
+     "            request.num_computed_tokens -= added\n        return list(table)"),
     # ex08: the step's blocks never committed (no prefix hit, with a scheduler that leaves it to the core)
     ("ex08_engine_step", _EX08_COMMIT, ""),
     # ex08: committed before the executor ran (a step that then fails leaves unwritten blocks shared)
@@ -594,7 +615,7 @@ def test_the_whole_engine_case_names_the_parts_the_reference_stood_in_for(tmp_pa
                             "serving the tiny model"), ex08)
     assert result.status == TODO, result.message
     for part in ("ChunkedScheduler.schedule (ex03_chunked_prefill", "PrefixCachingKVCacheManager (ex07_prefix_cache",
-                 "PagedKVCacheManager, BlockPool (ex04_block_allocator", "PagedAttentionBackend"):
+                 "BlockPool (ex04_block_allocator", "PagedAttentionBackend"):
         assert part in result.message
 
 

@@ -13,7 +13,7 @@ from minivllm import course
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.course import blockmap
 from minivllm.course.grading import Mismatch
-from minivllm.course.kv_replay import KVRequest, KVSetup, compare_with_minivllm, replay
+from minivllm.course.kv_replay import KVSetup, TraceRequest, compare_with_minivllm, replay
 from minivllm.request import Request
 
 matplotlib.use("Agg")
@@ -90,17 +90,6 @@ def test_pictures_draw_without_a_display_and_without_ipywidgets(monkeypatch, cap
     plt.close("all")
 
 
-class _HeadFirst(KVCacheManager):
-    """Frees a request's blocks head first: same tokens, other block ids later on."""
-
-    def free(self, request):
-        blocks = self.req_to_blocks.pop(request.request_id, None)
-        self.req_to_block_ids.pop(request.request_id, None)
-        self._num_cached_blocks.pop(request.request_id, None)
-        if blocks:
-            self.block_pool.free_blocks(blocks)
-
-
 class _Liar(KVCacheManager):
     """Reports one block fewer in use than it holds."""
 
@@ -113,14 +102,56 @@ class _Liar(KVCacheManager):
         return self.num_blocks - self.num_used_blocks
 
 
-TRACE = [KVRequest(f"r{i}", tuple(range(1 + i, 9 + i)), 6, arrival_step=i) for i in range(5)]
+TRACE = [TraceRequest(f"r{i}", tuple(range(1 + i, 9 + i)), 6, arrival_step=i) for i in range(5)]
 SETUP = KVSetup(num_blocks=10, block_size=4, max_num_seqs=2)
 
 
-def test_replay_agrees_with_itself_and_catches_other_block_ids():
-    assert compare_with_minivllm(lambda: KVCacheManager(10, 4, enable_caching=False), TRACE, SETUP, caching=False) > 5
-    with pytest.raises(Mismatch, match="scheduled"):
-        compare_with_minivllm(lambda: _HeadFirst(10, 4, enable_caching=False), TRACE, SETUP, caching=False)
+def _ex04():
+    return course.load("ex04_block_allocator", solutions=True)
+
+
+class _Leaky:
+    """Exercise 04's reference manager, except that ``free`` forgets a request's last block."""
+
+    def __new__(cls, num_blocks, block_size):
+        kv = _ex04().PagedKVCacheManager(num_blocks, block_size)
+        real_free = kv.free
+
+        def free(request):
+            table = kv.tables.get(request.request_id)
+            if table and len(table) > 1:
+                table.pop()
+            real_free(request)
+
+        kv.free = free
+        return kv
+
+
+class _StackPool:
+    """Exercise 04's reference manager over a pool that hands out the block freed last first:
+    other block ids, the same decisions."""
+
+    def __new__(cls, num_blocks, block_size):
+        kv = _ex04().PagedKVCacheManager(num_blocks, block_size)
+        pool, real_allocate = kv.pool, kv.pool.allocate
+
+        def allocate(n):
+            if n > pool.num_free_blocks:
+                return real_allocate(n)
+            taken = [pool.free_queue.popitem()[0] for _ in range(n)]
+            for block in taken:
+                pool.ref_counts[block] = 1
+            return taken
+
+        pool.allocate = allocate
+        return kv
+
+
+def test_replay_compares_decisions_not_block_ids_and_audits_the_pool():
+    assert compare_with_minivllm(lambda: _ex04().PagedKVCacheManager(10, 4), TRACE, SETUP, caching=False) > 5
+    assert compare_with_minivllm(lambda: _StackPool(10, 4), TRACE, SETUP, caching=False) > 5
+    with pytest.raises((Mismatch, AssertionError)):
+        compare_with_minivllm(lambda: _Leaky(10, 4), TRACE, SETUP, caching=False)
 
 
 def test_replay_catches_wrong_pool_accounting():

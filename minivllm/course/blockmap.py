@@ -89,25 +89,22 @@ class BlockMapFrame:
 # --- reading a manager --------------------------------------------------------------------------------
 def cached_block_ids(kv) -> set[int]:
     """Blocks in the prefix cache: minivllm's ``block_pool.cached_blocks`` or exercise 07's
-    ``pool.cached`` (an empty set for a manager without a prefix cache)."""
+    ``cached_block_ids()`` (an empty set for a manager without a prefix cache)."""
     pool = getattr(kv, "block_pool", None)
     if pool is not None and isinstance(getattr(pool, "cached_blocks", None), dict):
         return {b.block_id for b in pool.cached_blocks.values()}
-    cached = getattr(getattr(kv, "pool", None), "cached", None)
-    if isinstance(cached, dict):
-        return {b.block_id for b in cached.values()}
-    return set()
+    cached = getattr(kv, "cached_block_ids", None)
+    return set(cached()) if callable(cached) else set()
 
 
 def free_queue_order(kv) -> list[int] | None:
-    """Free block ids, the next to be handed out first (``None`` if the manager hides it)."""
+    """Free block ids, the next to be handed out first: minivllm's ``block_pool.free_queue`` or
+    the exercises' ``pool.free_block_ids()`` (``None`` if the manager has neither)."""
     pool = getattr(kv, "block_pool", None)
     if pool is not None and hasattr(pool, "free_queue"):
         return [b.block_id for b in pool.free_queue]
-    queue = getattr(getattr(kv, "pool", None), "free_queue", None)
-    if queue is not None:
-        return [b if isinstance(b, int) else b.block_id for b in queue]
-    return None
+    free_ids = getattr(getattr(kv, "pool", None), "free_block_ids", None)
+    return list(free_ids()) if callable(free_ids) else None
 
 
 def snapshot(kv, requests: Iterable | Mapping[str, int], caption: str = "", step: int | None = None,

@@ -8,7 +8,7 @@ part               whose code
 =================  ===========================================================================
 scheduler          ex03 ``ChunkedScheduler`` (built on ex02's); else ex02 ``ContinuousScheduler``
                    alone (whole prompts, no preemption); else the reference ex03
-KV cache manager   ex07 ``PrefixCachingKVCacheManager``, built on ex04's allocator (each the
+KV cache manager   ex07 ``PrefixCachingKVCacheManager``, on ex04's ``BlockPool`` (each the
                    student's where it passes its checks, the reference where not)
 attention          ex05 ``PagedAttentionBackend``; on a GPU (or asked) ex06's Triton decode
                    kernel for decode-only steps, ex05's backend for the others
@@ -194,8 +194,7 @@ def _scheduler(parts: list[Part]) -> tuple[type, bool, bool]:
 def _kv_cache(parts: list[Part]) -> Callable[[int, int], Any]:
     ex07, mine07 = _pick("ex07_prefix_cache")
     parts.append(_part("KV cache manager", "PrefixCachingKVCacheManager", ex07, mine07, "kv"))
-    parts.append(_part("  under it", "PagedKVCacheManager, BlockPool", ex07.ex04, course.load("ex04_block_allocator"),
-                       "kv"))
+    parts.append(_part("  under it", "BlockPool", ex07.ex04, course.load("ex04_block_allocator"), "kv"))
     return ex07.PrefixCachingKVCacheManager
 
 

@@ -81,6 +81,7 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.core.kv_cache_manager:KVCacheManager.fork",
         "minivllm.core.kv_cache_manager:KVCacheManager._shared_blocks_to_write",
         "minivllm.core.kv_cache_manager:KVCacheManager._copy_on_write",
+        "minivllm.core.kv_cache_manager:KVCacheManager.commit_written_blocks",
     ),
     "ex08_engine_step": (
         "minivllm.core.engine_core:EngineCore.step",

@@ -554,6 +554,7 @@ WHAT = {
     "raised": "the exception step() raised",
     "batch": "batch (request, tokens)",
     "scheduled": "scheduled (request, tokens cached, new tokens, block table)",
+    "computed": "tokens each batch entry had computed (or found in the prefix cache) before the step",
     "copies": "copy-on-write (src, dst) block copies",
     "sampled": "requests that sample a token",
     "tokens": "StepOutput.sampled (the tokens appended)",
@@ -566,6 +567,7 @@ WHAT = {
     "stats": "the StepStats recorded for the step",
     "events": "the calls the step made, in order",
     "kv_blocks_used": "KV blocks in use after the step",
+    "blocks_held": "blocks in each running request's table after the step",
 }
 
 

@@ -4,17 +4,26 @@ Exercises 04 and 07 write KV cache managers. To grade them step by step, this mo
 minivllm's real :class:`~minivllm.core.engine_core.EngineCore` and scheduler over the student's
 manager without a model (:class:`~minivllm.course.harness.FakeExecutor` samples the tokens),
 once over the student's manager and once over minivllm's own
-:class:`~minivllm.core.kv_cache_manager.KVCacheManager`: every step must schedule the same
-requests with the same block tables, preempt the same victims, and ask for the same
-copy-on-write copies. Both runs use ``debug_checks=True``: after every step the
-:class:`~minivllm.core.kv_write_tracker.KVWriteTracker` checks that each slot a request reads
-holds K/V written for that very token, and the harness checks through the protocol alone that
-the pool's used-block count is the number of distinct blocks live requests hold.
+:class:`~minivllm.core.kv_cache_manager.KVCacheManager`, and compares what the scheduler did at
+every step (:data:`DECISIONS`): who ran with how many tokens, how many of them came from the
+prefix cache, who was preempted or ended, the blocks in use and the blocks each running request
+holds. Block ids are not compared: which free block a table gets is the pool's business, and two
+correct managers may hand out different ones.
+
+What makes the ids irrelevant is checked instead. Both runs use ``debug_checks=True``: after
+every step the :class:`~minivllm.core.kv_write_tracker.KVWriteTracker` checks that each slot a
+request reads holds K/V written for that very token (a wrong table, a wrong copy-on-write copy or
+a wrong prefix hit reads someone else's K/V), and the harness checks through the protocol that
+the pool's used-block count is the number of distinct blocks live requests hold. Over a
+student's manager, :func:`audit_pool` also reads the pool's own books (the exercises' rules P1-P5:
+``ref_count``, ``free_block_ids``) and checks them against the tables after every step: a leaked
+block, a double free or a reference count off by one stops the run at the step that did it.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,9 +43,8 @@ from minivllm.course.harness import (
 )
 
 VOCAB = 50  # prompt tokens of random traces are drawn below this
-KVRequest = TraceRequest  # the name notebook 07 uses
-# what must agree at every step, in the order a difference is reported
-PLAN = ("preempted", "scheduled", "copies", "ended", "kv_blocks_used")
+# what must agree at every step, in the order a difference is reported (no block ids)
+DECISIONS = ("batch", "computed", "preempted", "ended", "kv_blocks_used", "blocks_held")
 
 
 @dataclass(frozen=True)
@@ -60,17 +68,57 @@ class KVSetup:
         )
 
     def core(self, kv) -> EngineCore:
-        """minivllm's scheduler over ``kv``, in an engine core with a fake executor."""
+        """minivllm's scheduler over ``kv``, in an engine core with a fake executor and
+        ``debug_checks=True``."""
         sched_cls = StaticBatchScheduler if self.scheduler == "static" else Scheduler
         executor = FakeExecutor(logprobs=False)
         return EngineCore(sched_cls(self.scheduler_config(), kv), executor, clock=executor.clock, debug_checks=True)
 
 
+def audit_pool(core: EngineCore) -> Callable[[], None]:
+    """After every step of ``core``, check the books of its KV manager's pool (``core.kv.pool``,
+    with the exercises' ``ref_count`` and ``free_block_ids``) against the block tables of the
+    requests the scheduler says are live; raise ``AssertionError`` at the first step where they
+    disagree. Returns the function that stops the audit."""
+    steps = iter(range(1 << 62))
+
+    def audit(_step_output) -> None:
+        where = f"after step {next(steps)}"
+        kv = core.kv
+        tables = {r.request_id: kv.get_block_ids(r.request_id) for r in core.scheduler.live_requests()}
+        problem = pool_problem(kv.pool, kv.num_blocks, tables)
+        if problem:
+            raise AssertionError(f"{where}: {problem} (block tables of the live requests: {tables})")
+
+    return core.add_step_listener(audit)
+
+
+def pool_problem(pool, num_blocks: int, tables: dict[str, list[int]]) -> str | None:
+    """What is wrong with a pool's books given every block table (``None``: nothing): a block in
+    the free queue twice, a reference count that is not the number of tables pointing at the
+    block, a held block in the free queue or a block nobody holds missing from it."""
+    free = pool.free_block_ids()
+    twice = sorted(b for b, n in Counter(free).items() if n > 1)
+    if twice:
+        return f"block {twice[0]} is in the free queue twice (freed twice?)"
+    if len(free) != pool.num_free_blocks:
+        return f"num_free_blocks is {pool.num_free_blocks} but the free queue holds {len(free)} blocks"
+    references = Counter(b for table in tables.values() for b in table)
+    in_queue = set(free)
+    for block in range(num_blocks):
+        count, tabled = pool.ref_count(block), references[block]
+        if count != tabled:
+            return f"block {block} has ref_count {count}, but {tabled} block tables point at it"
+        if (count == 0) != (block in in_queue):
+            state = "is in the free queue" if block in in_queue else "is missing from the free queue"
+            return f"block {block} (ref_count {count}) {state}"
+    return None
+
+
 def replay(kv, trace: Sequence[TraceRequest], setup: KVSetup, max_steps: int = 5000) -> list[StepRecord]:
-    """Serve ``trace`` with minivllm's scheduler over ``kv`` and return every step's record
-    (``.scheduled``: the plan). Raises ``AssertionError`` when a request reads K/V not written for
-    it, when the pool's accounting is off, or when blocks are still held after the last request
-    ended."""
+    """Serve ``trace`` with minivllm's scheduler over ``kv`` and return every step's record.
+    Raises ``AssertionError`` when a request reads K/V not written for it, when the pool's
+    accounting is off, or when blocks are still held after the last request ended."""
     return run_trace(setup.core(kv), trace, max_steps=max_steps).steps
 
 
@@ -82,11 +130,14 @@ def reference_kv(setup: KVSetup, caching: bool) -> KVCacheManager:
 def compare_with_minivllm(
     make_kv: Callable[[], object], trace: Sequence[TraceRequest], setup: KVSetup, caching: bool, label: str = ""
 ) -> int:
-    """Replay ``trace`` over ``make_kv()`` and over minivllm's manager, step by step; raise at the
-    first step where the plans differ. Returns the number of steps compared."""
+    """Replay ``trace`` over ``make_kv()`` (a manager of the exercises, with a ``pool``) and over
+    minivllm's manager, step by step; raise at the first step where the scheduler's decisions
+    differ or the pool's books are wrong. Returns the number of steps compared."""
     expected = TraceResult(replay(reference_kv(setup, caching), trace, setup))
+    core = setup.core(make_kv())
+    audit_pool(core)
     try:
-        return len(expect_same_steps(expected, TraceRun(setup.core(make_kv()), trace), PLAN, label))
+        return len(expect_same_steps(expected, TraceRun(core, trace), DECISIONS, label))
     except AssertionError as err:
         if isinstance(err, Mismatch) or not label:
             raise

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm.course.kv_replay import VOCAB, KVRequest, KVSetup, compare_with_minivllm
+from minivllm.course.kv_replay import VOCAB, KVSetup, TraceRequest, compare_with_minivllm
 
 NAME = "ex04_block_allocator"
 
@@ -30,7 +30,7 @@ def traces(draw):
     trace = []
     for i in range(draw(st.integers(1, 10))):
         prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24)))
-        trace.append(KVRequest(f"q{i}", prompt, draw(st.integers(1, 48 - len(prompt))),
+        trace.append(TraceRequest(f"q{i}", prompt, draw(st.integers(1, 48 - len(prompt))),
                                draw(st.integers(0, 6)), priority=draw(st.integers(0, 2)),
                                abort_step=draw(st.sampled_from([None, None, None, 2, 5]))))
     return trace, setup
@@ -59,6 +59,15 @@ def test_invariants_catch_a_corrupted_table(ex):
     kv.check_invariants(["a"])
     with pytest.raises(AssertionError, match="not live"):
         kv.check_invariants([])
-    kv.tables["a"].append(kv.pool.blocks[3])  # a block the table points at but the pool calls free
+    kv.tables["a"].append(3)  # a block the table points at but the pool calls free
     with pytest.raises(AssertionError, match="block 3"):
         kv.check_invariants(["a"])
+
+
+def test_a_double_free_is_refused_and_named(ex):
+    pool = ex.BlockPool(3)
+    pool.allocate(2)
+    pool.free([1])
+    with pytest.raises(ValueError, match="block 1"):
+        pool.free([1])
+    assert pool.free_block_ids() == [2, 1] and pool.ref_count(0) == 1

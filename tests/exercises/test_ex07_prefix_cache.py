@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm.course.kv_replay import VOCAB, KVRequest, KVSetup, compare_with_minivllm
+from minivllm.course.kv_replay import VOCAB, KVSetup, TraceRequest, compare_with_minivllm
 
 NAME = "ex07_prefix_cache"
 PREFIXES = ((), (1, 2, 3, 1, 2, 3, 1, 2), (5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 3, 3), (1, 2, 3, 1))
@@ -34,7 +34,7 @@ def traces(draw):
         prefix = draw(st.sampled_from(PREFIXES))
         tail = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12)))
         prompt = prefix + tail
-        trace.append(KVRequest(f"q{i}", prompt, draw(st.integers(1, 48 - len(prompt))),
+        trace.append(TraceRequest(f"q{i}", prompt, draw(st.integers(1, 48 - len(prompt))),
                                draw(st.integers(0, 6)), n=draw(st.sampled_from([1, 1, 2, 3])),
                                priority=draw(st.integers(0, 2)),
                                cache_salt=draw(st.sampled_from([None, None, "t"])),
@@ -55,7 +55,7 @@ def test_without_caching_it_is_the_plain_allocator_that_forks(ex):
     from minivllm.course.kv_replay import reference_kv, replay
 
     setup = KVSetup(num_blocks=40, block_size=4)
-    trace = [KVRequest("a", (1, 2, 3, 4, 5, 6), 6, n=2), KVRequest("b", (1, 2, 3, 4, 5, 6, 7), 4, arrival_step=4)]
+    trace = [TraceRequest("a", (1, 2, 3, 4, 5, 6), 6, n=2), TraceRequest("b", (1, 2, 3, 4, 5, 6, 7), 4, arrival_step=4)]
     ours = replay(ex.PrefixCachingKVCacheManager(40, 4, enable_caching=False), trace, setup)
     theirs = replay(reference_kv(setup, caching=False), trace, setup)
     assert [s.scheduled for s in ours] == [s.scheduled for s in theirs]
@@ -67,7 +67,5 @@ def test_without_caching_it_is_the_plain_allocator_that_forks(ex):
     assert sum(len(s.copies) for s in ours) > 0
 
 
-def test_it_builds_on_exercise_04(ex):
-    assert issubclass(ex.PrefixCachingKVCacheManager, ex.ex04.PagedKVCacheManager)
-    assert issubclass(ex.CachingBlockPool, ex.ex04.BlockPool)
+def test_it_keeps_its_blocks_in_exercise_04s_pool(ex):
     assert isinstance(ex.PrefixCachingKVCacheManager(8, 4).pool, ex.ex04.BlockPool)

@@ -1,20 +1,28 @@
-"""Cases for ex04_block_allocator: the pool, then the manager's tables, then whole traces
-against minivllm's own ``KVCacheManager`` (prefix caching off), then the tiny model served
-with the student's manager.
+"""Cases for ex04_block_allocator: the pool's rules (P1-P5 of the exercise), the manager's
+(M1-M6), then whole traces served by minivllm's scheduler over the student's manager and over
+minivllm's own ``KVCacheManager`` (prefix caching off), then the tiny model.
 
-Block ids in the unit cases are worked out by hand from the rules in the exercise's docstring
-(front of the free queue out, freed blocks to the back, tail first). The trace cases replay
-minivllm's scheduler over both managers (``minivllm.course.kv_replay``) and compare every
-step's block tables; the engine cases compare greedy tokens with minivllm's own engine.
+The pool's block ids are graded, because its order is its contract (exercise 07's eviction
+order is the free queue's). The manager's are not: its cases check table sizes, that refused
+calls change nothing, and the pool's books; the trace cases compare the scheduler's decisions
+step by step (``minivllm.course.kv_replay``), with every K/V read checked against what was
+written for it; the engine cases compare greedy tokens with minivllm's own engine.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from minivllm.course.grading import Case, case, expect, expect_raises
+from minivllm.course.grading import Case, Mismatch, case, expect, expect_raises
 from minivllm.course.harness import TraceRequest, expect_same_tokens
-from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
+from minivllm.course.kv_replay import (
+    PROMPTS,
+    KVSetup,
+    audit_pool,
+    compare_with_minivllm,
+    pool_problem,
+    random_kv_trace,
+)
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 
@@ -25,154 +33,229 @@ def _req(rid: str, num_tokens: int) -> Request:
     return Request(rid, list(range(1, num_tokens + 1)))
 
 
-def _ids(blocks) -> list[int]:
-    return [b.block_id for b in blocks]
+def _books(pool, n: int) -> tuple[list[int], list[int]]:
+    """(free queue, every block's reference count): the pool's state as P5 reports it."""
+    return pool.free_block_ids(), [pool.ref_count(b) for b in range(n)]
 
 
-def _refs(pool) -> list[int]:
-    return [b.ref_cnt for b in pool.blocks]
+def _step(kv, request: Request, n: int) -> list[int]:
+    """Plan ``n`` tokens of ``request`` and let the step run (its tokens are now stored)."""
+    table = kv.allocate_slots(request, n)
+    if table is None:
+        raise Mismatch("a block table", None, f"allocate_slots({request.request_id!r}, {n}) with "
+                       f"{kv.num_free_blocks} free blocks")
+    request.num_computed_tokens += n
+    return table
+
+
+def _remembers(obj, request: Request, depth: int = 3) -> bool:
+    """Whether ``request`` (or its id) is a key or an item of a container in ``obj``'s attributes,
+    ``depth`` levels down (the pool's are not searched): what a manager keeps about it."""
+    seen = (request, request.request_id)
+
+    def walk(value, level: int) -> bool:
+        if isinstance(value, dict):
+            if any(k is request or k == request.request_id for k in value):
+                return True
+            items = list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(value)
+        else:
+            return False
+        return any(v is request or (isinstance(v, str) and v in seen) for v in items) or (
+            level > 0 and any(walk(v, level - 1) for v in items))
+
+    return any(walk(v, depth) for k, v in vars(obj).items() if k != "pool")
+
+
+def _healthy(kv, live: list[str], what: str) -> None:
+    """The pool's books agree with the tables of ``live`` (and nobody else holds a block)."""
+    problem = pool_problem(kv.pool, kv.num_blocks, {rid: kv.get_block_ids(rid) for rid in live})
+    if problem:
+        raise AssertionError(f"{what}: {problem}")
 
 
 # --- the pool ------------------------------------------------------------------------------------
-@case(CASES, "a fresh pool hands out blocks from the front", "BlockPool.allocate",
-      "take blocks from the front of self.free_queue; each one handed out has ref_cnt 1")
+@case(CASES, "a fresh pool hands out blocks from the front, in id order", "BlockPool.allocate",
+      "P1 and P2: a new pool queues 0, 1, 2, ...; allocate takes from the front; each block handed out "
+      "has ref_count 1")
 def _(ex):
     pool = ex.BlockPool(6)
-    expect(_ids(pool.allocate(2)), [0, 1], "first allocate(2)")
-    expect(_ids(pool.allocate(3)), [2, 3, 4], "then allocate(3)")
-    expect(_refs(pool), [1, 1, 1, 1, 1, 0], "reference counts")
-    expect(pool.num_free_blocks, 1, "free blocks left")
-    expect(_ids(pool.allocate(0)), [], "allocate(0)")
+    expect(_books(pool, 6), ([0, 1, 2, 3, 4, 5], [0] * 6), "(free queue, ref counts) of a new pool of 6")
+    expect(pool.allocate(2), [0, 1], "first allocate(2)")
+    expect(pool.allocate(3), [2, 3, 4], "then allocate(3)")
+    expect(_books(pool, 6), ([5], [1, 1, 1, 1, 1, 0]), "(free queue, ref counts)")
+    expect((pool.allocate(0), pool.num_free_blocks), ([], 1), "(allocate(0), num_free_blocks)")
 
 
 @case(CASES, "all or nothing: a request the pool cannot meet takes nothing", "BlockPool.allocate",
-      "check that enough blocks are free before you take the first one")
+      "P2: check that enough blocks are free before you take the first one")
 def _(ex):
     pool = ex.BlockPool(4)
     pool.allocate(3)
     expect_raises(ValueError, lambda: pool.allocate(2), "allocate(2) with 1 free block")
-    expect(pool.num_free_blocks, 1, "free blocks after the refused allocate")
-    expect(list(pool.free_queue), [3], "free queue after the refused allocate")
-    expect(_refs(pool), [1, 1, 1, 0], "reference counts after the refused allocate")
+    expect(_books(pool, 4), ([3], [1, 1, 1, 0]), "(free queue, ref counts) after the refused allocate")
+    expect(pool.allocate(1), [3], "allocate(1) afterwards")
 
 
 @case(CASES, "freed blocks join the back of the queue, in the order given", "BlockPool.free",
-      "a freed block is appended to the free queue; the oldest free block is handed out first")
+      "P3: a block whose last reference goes is appended to the free queue; the front is handed out first")
 def _(ex):
     pool = ex.BlockPool(5)
-    a = pool.allocate(3)
-    pool.free([a[2], a[0]])
-    expect(list(pool.free_queue), [3, 4, 2, 0], "free queue after freeing blocks 2 then 0")
-    expect(_ids(pool.allocate(4)), [3, 4, 2, 0], "the next allocate(4)")
+    pool.allocate(3)
+    pool.free([2, 0])
+    expect(_books(pool, 5), ([3, 4, 2, 0], [0, 1, 0, 0, 0]), "(free queue, ref counts) after freeing 2, then 0")
+    expect(pool.allocate(4), [3, 4, 2, 0], "the next allocate(4)")
 
 
 @case(CASES, "a shared block is free only when its last holder lets go", "BlockPool.free",
-      "free drops ONE reference; only a block whose count reaches 0 is free again; freeing a free "
-      "block is an error")
+      "P3/P4: free drops ONE reference; only a block whose count reaches 0 is free again; freeing a free block "
+      "is an error")
 def _(ex):
     pool = ex.BlockPool(3)
-    a = pool.allocate(2)
-    pool.touch([a[1]])  # a second holder, as after a fork or a prefix-cache hit
-    pool.free([a[1]])
-    expect((a[1].ref_cnt, pool.num_free_blocks), (1, 1), "(ref_cnt of block 1, free blocks) after one free")
-    pool.free([a[1]])
-    expect((a[1].ref_cnt, list(pool.free_queue)), (0, [2, 1]), "(ref_cnt, free queue) after the second free")
-    expect_raises(ValueError, lambda: pool.free([a[1]]), "freeing block 1 a third time")
+    pool.allocate(2)
+    pool.touch([1])  # a second holder, as after a fork or a prefix-cache hit (exercise 07)
+    expect(_books(pool, 3), ([2], [1, 2, 0]), "(free queue, ref counts) after touch([1])")
+    pool.free([1])
+    expect(_books(pool, 3), ([2], [1, 1, 0]), "(free queue, ref counts) after one free([1])")
+    pool.free([1])
+    expect(_books(pool, 3), ([2, 1], [1, 0, 0]), "(free queue, ref counts) after a second free([1])")
+    expect_raises(ValueError, lambda: pool.free([1]), "freeing block 1 a third time")
+    expect_raises(ValueError, lambda: pool.free([2]), "freeing block 2, which was never allocated")
+
+
+@case(CASES, "touch takes a free block out of the middle of the queue", "BlockPool.touch",
+      "P4: the touched block leaves the free queue with one reference; the others keep their order")
+def _(ex):
+    pool = ex.BlockPool(5)
+    pool.allocate(5)
+    pool.free([3, 1, 4])  # free queue: 3 1 4 (exercise 07: blocks that keep cached contents)
+    pool.touch([1])
+    expect(_books(pool, 5), ([3, 4], [1, 1, 1, 0, 0]), "(free queue, ref counts) after touch([1])")
+    expect(pool.allocate(2), [3, 4], "allocate(2) afterwards")
+    pool.free([1])
+    expect(pool.free_block_ids(), [1], "free queue after freeing block 1 again")
+
+
+@case(CASES, "a pool of no blocks, or of a number that is not an int, is refused", "BlockPool.__init__",
+      "raise ValueError for num_blocks < 1 (and for a float or a bool)")
+def _(ex):
+    for bad in (0, -3, 2.5, True):
+        expect_raises(ValueError, lambda bad=bad: ex.BlockPool(bad), f"BlockPool({bad!r})")
+    expect(ex.BlockPool(1).num_free_blocks, 1, "BlockPool(1).num_free_blocks")
 
 
 # --- the manager -----------------------------------------------------------------------------------
-@case(CASES, "how many blocks a table must grow by, at block boundaries", "PagedKVCacheManager.num_new_blocks",
-      "count the blocks the first computed + new + lookahead tokens need, minus those held")
+@case(CASES, "a table holds ceil(tokens / block_size) blocks and grows in place",
+      "PagedKVCacheManager.allocate_slots",
+      "M1: count the blocks that computed + new + lookahead tokens need; add only what is missing; keep the "
+      "blocks already in the table where they are")
 def _(ex):
     kv = ex.PagedKVCacheManager(num_blocks=8, block_size=4)
-    new = _req("new", 9)
-    got = [kv.num_new_blocks(new, n) for n in (1, 3, 4, 5, 8, 9)]
-    expect(got, [1, 1, 1, 2, 2, 3], "a request that holds nothing, 1/3/4/5/8/9 new tokens")
-    expect(kv.num_new_blocks(new, 3, 6), 3, "3 new tokens + 6 lookahead")
-    r = _req("r", 12)
-    kv.allocate_slots(r, 4)  # one full block
-    r.num_computed_tokens = 4
-    expect(kv.num_new_blocks(r, 1), 1, "4 tokens stored in 1 block, 1 more: position 4 opens block 1")
-    kv.allocate_slots(r, 1)
-    r.num_computed_tokens = 5
-    got = [kv.num_new_blocks(r, n) for n in (3, 4)]
-    expect(got, [0, 1], "5 stored in 2 blocks, then 3 or 4 more")
+    r = _req("r", 20)
+    sizes, tables = [], []
+    for n in (5, 3, 1, 4, 3):  # positions 0-4, 5-7, 8, 9-12, 13-15
+        tables.append(_step(kv, r, n))
+        sizes.append(len(tables[-1]))
+    expect(sizes, [2, 2, 3, 4, 4], "table length after 5, +3, +1, +4, +3 tokens (blocks of 4)")
+    grown = [tables[i][: len(tables[i - 1])] == tables[i - 1] for i in range(1, len(tables))]
+    expect(grown, [True] * 4, "each table starts with the blocks of the one before")
+    expect(kv.get_block_ids("r"), tables[-1], "get_block_ids('r') == the last table returned")
+    expect(len(set(tables[-1])), 4, "distinct blocks in r's table")
+    expect((kv.num_used_blocks, kv.num_free_blocks, kv.num_reserved_slots, kv.num_referenced_blocks),
+           (4, 4, 16, 4), "(used blocks, free blocks, reserved slots, referenced blocks)")
+    _healthy(kv, ["r"], "the pool's books")
 
 
-@case(CASES, "a request's table grows one block at a time, from any free block", "PagedKVCacheManager.allocate_slots",
-      "a table grows by whole blocks only when its tokens no longer fit; return the block ids")
-def _(ex):
-    kv = ex.PagedKVCacheManager(num_blocks=8, block_size=4)
-    r, s = _req("r", 6), _req("s", 3)
-    expect(kv.allocate_slots(r, 6), [0, 1], "r's prompt of 6 tokens")
-    r.num_computed_tokens = 6
-    expect(kv.allocate_slots(s, 3), [2], "s's prompt of 3 tokens")
-    s.num_computed_tokens = 3
-    tables = []
-    for _ in range(3):  # r decodes positions 6, 7, 8
-        tables.append(kv.allocate_slots(r, 1))
-        r.num_computed_tokens += 1
-    expect(tables, [[0, 1], [0, 1], [0, 1, 3]], "r's table before computing positions 6, 7 and 8")
-    expect((kv.get_block_ids("r"), kv.get_block_ids("s")), ([0, 1, 3], [2]), "get_block_ids")
-    expect((kv.num_used_blocks, kv.num_reserved_slots), (4, 16), "(used blocks, reserved slots)")
-
-
-@case(CASES, "refused: nothing changes", "PagedKVCacheManager.allocate_slots",
-      "return None before taking anything; a new request that is refused must not get a table")
-def _(ex):
-    kv = ex.PagedKVCacheManager(num_blocks=3, block_size=4)
-    a, b = _req("a", 13), _req("b", 5)
-    expect(kv.allocate_slots(a, 8), [0, 1], "a's first 8 tokens")
-    a.num_computed_tokens = 8
-    expect(kv.allocate_slots(b, 5), None, "b needs 2 blocks, 1 is free")
-    expect(kv.allocate_slots(a, 5), None, "a needs 2 more blocks, 1 is free")
-    expect((kv.num_free_blocks, kv.get_block_ids("a"), kv.get_block_ids("b"), kv.num_referenced_blocks),
-           (1, [0, 1], [], 2), "(free blocks, a's table, b's table, referenced blocks) after both refusals")
-    expect(sorted(kv.tables), ["a"], "requests with a table (self.tables) after both refusals")
-    expect(kv.allocate_slots(b, 4), [2], "b asks for 4 tokens instead")
-
-
-@case(CASES, "lookahead reserves room up front", "PagedKVCacheManager.allocate_slots",
-      "num_lookahead_tokens count like new tokens when sizing the table (static batching reserves a "
-      "request's worst case this way)")
+@case(CASES, "lookahead reserves room up front; a table never shrinks", "PagedKVCacheManager.allocate_slots",
+      "M1: num_lookahead_tokens count like new tokens when sizing the table (static batching reserves a "
+      "request's worst case this way), and a later call with less lookahead keeps what was reserved")
 def _(ex):
     kv = ex.PagedKVCacheManager(num_blocks=6, block_size=4)
     r = _req("r", 5)
-    expect(kv.allocate_slots(r, 5, num_lookahead_tokens=10), [0, 1, 2, 3], "5 tokens + 10 lookahead")
+    expect(len(kv.allocate_slots(r, 5, num_lookahead_tokens=10)), 4, "blocks for 5 tokens + 10 lookahead")
     r.num_computed_tokens = 5
-    expect(kv.allocate_slots(r, 1), [0, 1, 2, 3], "the next token fits in the reserved room")
+    expect(len(kv.allocate_slots(r, 1)), 4, "blocks after the next token (no lookahead)")
+    expect(kv.num_free_blocks, 2, "free blocks")
+    s = _req("s", 3)
+    expect(len(kv.allocate_slots(s, 0, num_lookahead_tokens=8)), 2, "a new request: 0 tokens + 8 lookahead")
 
 
-@case(CASES, "free returns the blocks tail first", "PagedKVCacheManager.free",
-      "give a request's blocks back last block first, then forget its table")
+@case(CASES, "refused: nothing changes, and a refused new request leaves no trace",
+      "PagedKVCacheManager.allocate_slots",
+      "M2/M3: return None before taking anything, and create a request's table only once its blocks are "
+      "taken; exactly enough free blocks is enough")
+def _(ex):
+    kv = ex.PagedKVCacheManager(num_blocks=3, block_size=4)
+    a, b = _req("a", 13), _req("b", 5)
+    _step(kv, a, 8)  # 2 blocks
+    before = (_books(kv.pool, 3), kv.get_block_ids("a"), kv.num_referenced_blocks)
+    expect(kv.allocate_slots(b, 5), None, "b (new) needs 2 blocks, 1 is free")
+    expect(kv.allocate_slots(a, 5), None, "a needs 2 more blocks, 1 is free")
+    after = (_books(kv.pool, 3), kv.get_block_ids("a"), kv.num_referenced_blocks)
+    expect(after, before, "((free queue, ref counts), a's table, referenced blocks) after both refusals")
+    expect(kv.get_block_ids("b"), [], "b's table after its refusal")
+    if _remembers(kv, b):
+        raise AssertionError("the manager keeps an entry for b (an empty table?) after refusing it: a request "
+                             "the pool could not admit must leave no trace")
+    kv.free(b)  # b never got a table: nothing to give back
+    expect(kv.num_free_blocks, 1, "free blocks after free(b) of the refused b")
+    expect(len(kv.allocate_slots(a, 4) or []), 3, "a asks for 4 tokens (exactly the 1 free block)")
+    expect((kv.num_free_blocks, kv.allocate_slots(b, 1)), (0, None), "(free blocks, b asks for 1 token)")
+    _healthy(kv, ["a"], "the pool's books after the refusals")
+
+
+@case(CASES, "free gives back every block, once", "PagedKVCacheManager.free",
+      "M4/M5: give the request's whole table back through self.pool.free, then forget the table")
 def _(ex):
     kv = ex.PagedKVCacheManager(num_blocks=6, block_size=4)
-    a, b, c = _req("a", 12), _req("b", 4), _req("c", 20)
-    kv.allocate_slots(a, 12)
-    kv.allocate_slots(b, 4)
+    a, b = _req("a", 12), _req("b", 4)
+    table_a = _step(kv, a, 12)
+    _step(kv, b, 4)
     kv.free(a)
-    expect((kv.get_block_ids("a"), kv.num_free_blocks), ([], 5), "(a's table, free blocks) after free(a)")
-    expect(kv.allocate_slots(c, 20), [4, 5, 2, 1, 0], "c's 5 blocks: the never-used ones, then a's, tail first")
+    expect((kv.get_block_ids("a"), kv.num_free_blocks, kv.num_referenced_blocks), ([], 5, 1),
+           "(a's table, free blocks, referenced blocks) after free(a)")
+    expect(sorted(kv.pool.free_block_ids()[-3:]), sorted(table_a), "the last 3 blocks of the free queue")
     kv.free(a)  # twice, and a request that never held blocks: nothing happens
     kv.free(_req("never-admitted", 3))
-    expect(kv.num_free_blocks, 0, "free blocks after freeing a again and an unknown request")
+    expect(kv.num_free_blocks, 5, "free blocks after freeing a again and an unknown request")
+    _healthy(kv, ["b"], "the pool's books")
+    expect(len(kv.allocate_slots(_req("c", 20), 20) or []), 5, "c's 20 tokens: every free block")
+    kv.free(b)
+    _healthy(kv, ["c"], "the pool's books after c took everything and b left")
 
 
-@case(CASES, "slot mapping: logical position -> physical slot", "PagedKVCacheManager.slot_mapping",
-      "slot = physical block id * block_size + offset in the block")
+@case(CASES, "check_invariants notices a pool that disagrees with the tables", "PagedKVCacheManager.check_invariants",
+      "compare every block's ref_count with the number of tables that list it, and the free queue with the "
+      "blocks nobody holds; with live_request_ids, no other request may hold blocks")
 def _(ex):
-    kv = ex.PagedKVCacheManager(num_blocks=5, block_size=4)
-    x, r, y = _req("x", 4), _req("r", 12), _req("y", 8)
-    kv.allocate_slots(x, 4)  # block 0
-    kv.allocate_slots(r, 4)  # block 1
-    kv.allocate_slots(y, 8)  # blocks 2, 3
-    kv.free(x)  # free queue: 4, 0
-    r.num_computed_tokens = 4
-    expect(kv.allocate_slots(r, 8), [1, 4, 0], "r's table")
-    expect(kv.slot_mapping("r", 0, 12), [4, 5, 6, 7, 16, 17, 18, 19, 0, 1, 2, 3], "r, positions 0..11")
-    expect(kv.slot_mapping("r", 3, 6), [7, 16, 17], "r, positions 3..5 (across a block boundary)")
-    expect(kv.slot_mapping("y", 6, 8), [14, 15], "y, positions 6..7")
-    expect(kv.slot_mapping("r", 5, 5), [], "an empty range")
+    kv = ex.PagedKVCacheManager(num_blocks=4, block_size=4)
+    a = _req("a", 5)
+    table = _step(kv, a, 5)
+    kv.check_invariants(["a"])  # a healthy pool passes
+    kv.check_invariants()
+    for what, corrupt, undo in (
+        ("a held block with one reference too many (pool.touch)", lambda: kv.pool.touch([table[0]]),
+         lambda: kv.pool.free([table[0]])),
+        ("a held block back in the free queue (pool.free)", lambda: kv.pool.free([table[1]]),
+         lambda: kv.pool.touch([table[1]])),
+    ):
+        corrupt()
+        expect_raises(AssertionError, kv.check_invariants, f"check_invariants() after {what}")
+        undo()
+    kv.check_invariants(["a"])
+    expect_raises(AssertionError, lambda: kv.check_invariants([]), "check_invariants([]) while a holds blocks")
+
+
+@case(CASES, "a block size that is not a positive int is refused", "PagedKVCacheManager.__init__",
+      "raise ValueError for block_size < 1 (and for a float); a bad num_blocks is the pool's to refuse")
+def _(ex):
+    for bad in (0, -1, 4.0):
+        expect_raises(ValueError, lambda bad=bad: ex.PagedKVCacheManager(8, bad), f"block_size={bad!r}")
+    expect_raises(ValueError, lambda: ex.PagedKVCacheManager(0, 16), "num_blocks=0")
+    kv = ex.PagedKVCacheManager(8, 16)
+    expect((kv.num_blocks, kv.block_size, kv.num_free_blocks, kv.pool.num_free_blocks), (8, 16, 8, 8),
+           "(num_blocks, block_size, num_free_blocks, pool.num_free_blocks) of a new manager")
 
 
 # --- whole traces against minivllm's KVCacheManager ---------------------------------------------------
@@ -182,7 +265,8 @@ def _compare(ex, trace, setup, label=""):
 
 
 @case(CASES, "a pool too small for everyone: preemption and readmission", "PagedKVCacheManager",
-      "same block tables as minivllm's allocator at every step; the note says which step differs")
+      "the scheduler must make the same decisions over your manager as over minivllm's at every step: same "
+      "requests, tokens, preemptions, blocks in use and per request (block ids may differ)")
 def _(ex):
     trace = [TraceRequest(f"r{i}", tuple(range(1 + i, 8 + 2 * i)), 10, arrival_step=i // 2) for i in range(6)]
     _compare(ex, trace, KVSetup(num_blocks=16, block_size=4, max_num_seqs=6, max_num_batched_tokens=32))
@@ -207,8 +291,9 @@ def _(ex):
       "compare step by step with minivllm's allocator; the note says which trace and step")
 def _(ex):
     for seed in range(40):
-        setup = KVSetup(num_blocks=7 + seed % 8, block_size=4, max_num_seqs=1 + seed % 8,
-                        max_num_batched_tokens=(8, 16, 64)[seed % 3],
+        block_size = (4, 1, 2, 8)[seed % 4]  # the same memory (7-14 blocks of 4 tokens) cut otherwise
+        setup = KVSetup(num_blocks=(7 + seed % 8) * 4 // block_size + 1, block_size=block_size,
+                        max_num_seqs=1 + seed % 8, max_num_batched_tokens=(8, 16, 64)[seed % 3],
                         policy="priority" if seed % 4 == 3 else "fcfs")
         trace = random_kv_trace(seed, 4 + seed % 10, priorities=3 if seed % 4 == 3 else 1,
                                 abort_every=4 if seed % 5 == 0 else 0)
@@ -233,6 +318,8 @@ def _serve(kv, scheduler: str, num_blocks: int):
     with one_cpu_thread():
         llm = LLM(scheduler=scheduler, enable_prefix_caching=False if kv is None else None,
                   max_num_seqs=4 if scheduler == "static" else 8, debug_checks=True, **pool, **ENGINE_ARGS)
+        if kv is not None:
+            audit_pool(llm.engine.core)
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
     tokens = {o.request_id: list(o.outputs[0].token_ids) for o in outs}
     return tokens, llm
