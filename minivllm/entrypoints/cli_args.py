@@ -19,6 +19,9 @@ from minivllm.core.scheduler import SCHEDULING_POLICIES
 from minivllm.entrypoints.front_door import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT
 
 DEFAULT_PORT = 8000
+# Where the server's default differs from the engine's: the core in a process of its own
+# (measured faster; see "The engine core in its own process" in docs/serving.md).
+SERVER_ENGINE_DEFAULTS = {"engine_core_process": True}
 
 # fields with a fixed set of names (the plug-in points also take objects, but not from a shell)
 CHOICES = {
@@ -46,7 +49,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"default: {default}"
+        help_text = f"default: {SERVER_ENGINE_DEFAULTS.get(f.name, default)}"
         if kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
@@ -56,9 +59,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_args_from(namespace: argparse.Namespace) -> dict:
-    """The engine arguments given on the command line (absent ones keep their defaults)."""
+    """The engine arguments given on the command line; absent ones keep the server's default
+    (``SERVER_ENGINE_DEFAULTS``) or the engine's."""
     names = {f.name for f in dataclasses.fields(EngineArgs)}
-    return {k: v for k, v in vars(namespace).items() if k in names}
+    return {**SERVER_ENGINE_DEFAULTS, **{k: v for k, v in vars(namespace).items() if k in names}}
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
