@@ -58,7 +58,7 @@ class IncrementalDetokenizer:
         hits = [(at, s) for s in self.stop if (at := window.find(s)) != -1]
         if not hits:
             self._pending += piece
-            self._tail = window[len(window) - self.max_stop_len + 1 :] if self.max_stop_len > 1 else ""
+            self._tail = window[max(0, len(window) - self.max_stop_len + 1) :]
             return None
         at, s = min(hits)  # the stop string that appears first in the text wins
         cut = at + len(s) if self.include_stop else at

@@ -180,6 +180,9 @@ class OutputProcessor:
                 got = family.prompt_logprobs = family.prompt_logprobs or []
                 got[first : first + len(entries)] = [None if e is None else self._position(e) for e in entries]
             if d.new_token_ids:
+                if family.own_metrics and family.metrics.first_token_time is None:
+                    now = now if now is not None else self.clock()
+                    family.metrics.first_token_time = now
                 stop = self._append(state, d)
                 result.new_tokens[family.request_id] = result.new_tokens.get(family.request_id, 0) + len(d.new_token_ids)
                 if stop is not None:
@@ -193,9 +196,6 @@ class OutputProcessor:
                 if state.index == 0 and d.metrics is not None:
                     family.metrics, family.own_metrics = d.metrics, False
                 self._end(state, d.finish_reason, result)
-            if family.own_metrics and d.new_token_ids and family.metrics.first_token_time is None:
-                now = now if now is not None else self.clock()
-                family.metrics.first_token_time = now
         result.outputs = self._outputs(touched.values())
         return result
 
