@@ -102,8 +102,7 @@ def encodings(batch: int, repeats: int) -> list[tuple[str, str, float, int]]:
 
 
 # --- transports -------------------------------------------------------------------------------------
-def _echo_socket(fd: int) -> None:
-    sock = socket.socket(fileno=fd)
+def _echo_socket(sock: socket.socket) -> None:
     while True:
         head = _exactly(sock, 4)
         if not head:
@@ -136,7 +135,7 @@ def round_trips(batch: int, repeats: int) -> list[tuple[str, float]]:
     rows = []
     ctx = mp.get_context("spawn")
     ours, theirs = socket.socketpair()
-    proc = ctx.Process(target=_echo_socket, args=(theirs.fileno(),))
+    proc = ctx.Process(target=_echo_socket, args=(theirs,))
     proc.start()
     theirs.close()
 

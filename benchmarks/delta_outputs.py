@@ -10,8 +10,9 @@ end's real work after every step: the step's deltas (``step_deltas``) and the
 * the front end, for outputs of kind ``DELTA`` (what streams get) and ``CUMULATIVE`` (the whole
   text so far on every step, what every output was before deltas),
 
-over the first tokens of the answers and over tokens around position ``--length``. With deltas
-the two must be the same; cumulative outputs grow with the answer.
+over the first tokens of the answers and over tokens around position ``--length`` (the median
+step of each window of 100, per token). With deltas the two must be the same; cumulative outputs
+grow with the answer.
 
     python benchmarks/delta_outputs.py [--length 10000] [--early 100] [--batch 16] [--stop]
 """
@@ -19,6 +20,7 @@ the two must be the same; cumulative outputs grow with the answer.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -97,8 +99,8 @@ def run(kind: RequestOutputKind, length: int, early: int, batch: int, stop: bool
         front_times.append(t2 - t1)
 
     def per_token(times: list[float], first: int) -> float:
-        window = times[first : first + WINDOW]
-        return 1e6 * sum(window) / (len(window) * batch)
+        """The median step of the window (robust to a preempted process), per output token."""
+        return 1e6 * statistics.median(times[first : first + WINDOW]) / batch
 
     late = length - WINDOW - 1
     # the first step prefills: start the early window at the first decode step
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--length must be at least --early + {2 * WINDOW}")
     print(f"$ python benchmarks/delta_outputs.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{args.batch} requests, {args.length} output tokens each, the model replaced by a story read in a "
-          f"loop; microseconds per output token, averaged over tokens {args.early}-{args.early + WINDOW} and "
+          f"loop; microseconds per output token, the median step of tokens {args.early}-{args.early + WINDOW} and "
           f"{args.length - WINDOW - 1}-{args.length - 1}\n")
     print("| outputs | core bookkeeping, early | late | front end, early | late | late / early (front end) |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -364,7 +364,7 @@ class ClientResult:
     tpot: dict[int, float]
     itl: dict[int, float]
     e2el: dict[int, float]
-    load_before: float = float("nan")  # 1-minute load average as the client started
+    others: float | None = None  # cores processes outside this benchmark kept busy during the run
 
 
 def parse_client_result(data: dict, server: str, rate: float) -> ClientResult:
@@ -398,16 +398,60 @@ def minivllm_serve_command(port: int, extra: list[str]) -> list[str]:
             "--log-level", "warning", *extra]
 
 
-def run_client(python: str, run: ClientRun, tokenizer: str, server: str, log) -> ClientResult:
-    load = os.getloadavg()[0]
+# --- how busy the machine was: CPU seconds from /proc (Linux; None elsewhere) ------------------------
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants (a server and its engine processes)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _proc_stat(int(name))) is not None:
+            children.setdefault(int(st[1]), []).append(int(name))
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        st = _proc_stat(pid)
+        if st is not None:
+            total += (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+        todo += children.get(pid, [])
+    return total
+
+
+def machine_cpu_seconds() -> float | None:
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_sample(server_pid: int) -> tuple[float | None, float, float, float]:
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the clients that have ended
+    mine = time.process_time() + kids.ru_utime + kids.ru_stime
+    return machine_cpu_seconds(), mine, tree_cpu_seconds(server_pid), time.perf_counter()
+
+
+def run_client(python: str, run: ClientRun, tokenizer: str, server: str, server_pid: int, log) -> ClientResult:
+    before = _cpu_sample(server_pid)
     cmd = [python, "-c", BENCH_MAIN, *client_args(run, tokenizer)]
     done = subprocess.run(cmd, env=vllm_env(), stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+    after = _cpu_sample(server_pid)
     path = os.path.join(run.result_dir, run.result_file)
     if done.returncode != 0 or not os.path.exists(path):
         raise RuntimeError(f"vLLM's client failed against {server} (exit status {done.returncode}); see {log.name}")
     with open(path) as f:
         result = parse_client_result(json.load(f), server, run.rate)
-    result.load_before = load
+    if before[0] is not None and after[0] is not None:
+        used = [b - a for a, b in zip(before, after, strict=True)]
+        result.others = max(0.0, used[0] - used[1] - used[2]) / used[3]
     return result
 
 
@@ -424,14 +468,14 @@ def serve_and_measure(server: str, cmd: list[str], env: dict, args, rates: list[
 
         def one(rate: float, seed: int, name: str) -> ClientResult:
             run = ClientRun(port, rate, args.num_prompts, args.input_len, args.output_len, seed, tmp, f"{name}.json")
-            return run_client(args.vllm_python, run, str(TINY_MODEL_DIR), server, log)
+            return run_client(args.vllm_python, run, str(TINY_MODEL_DIR), server, proc.pid, log)
 
-        one(math.inf, args.seed + 1, f"{server}-warmup")
+        one(math.inf, args.seed + 1, "warmup")
         for rate in rates:
-            results.append(one(rate, args.seed, f"{server}-{rate_label(rate)}"))
+            results.append(one(rate, args.seed, rate_label(rate)))
             r = results[-1]
             print(f"  {server} @ {rate_label(rate)} req/s: {r.output_throughput:.0f} output tok/s, "
-                  f"TPOT p50 {r.tpot[50]:.1f} ms (load {r.load_before:.2f})", flush=True)
+                  f"TPOT p50 {r.tpot[50]:.1f} ms (others {cores(r.others)} cores)", flush=True)
     finally:
         proc.send_signal(signal.SIGINT if server == "vllm" else signal.SIGTERM)
         try:
@@ -442,22 +486,29 @@ def serve_and_measure(server: str, cmd: list[str], env: dict, args, rates: list[
     return results
 
 
+def cores(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
 def print_side_by_side(rounds: list[list[ClientResult]]) -> None:
-    """One row per server and rate, then minivllm / vLLM output throughput per rate."""
-    print("| round | rate (req/s) | server | done | output tok/s | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
-          "| ITL p50 / p99 (ms) | load |")
+    """One row per rate, round and server; then every minivllm / vLLM ratio of output tok/s."""
+    print("| rate (req/s) | round | server | done | output tok/s | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
+          "| ITL p50 / p99 (ms) | others (cores) |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    for number, results in enumerate(rounds, 1):
-        for r in sorted(results, key=lambda r: (not math.isinf(r.rate), r.rate, r.server != "minivllm")):
-            print(f"| {number} | {rate_label(r.rate)} | {r.server} | {r.completed} | {r.output_throughput:.0f} | "
-                  f"{r.ttft[50]:.0f} / {r.ttft[99]:.0f} | {r.tpot[50]:.1f} / {r.tpot[99]:.1f} | "
-                  f"{r.itl[50]:.1f} / {r.itl[99]:.1f} | {r.load_before:.2f} |")
+    rates = sorted({r.rate for rs in rounds for r in rs}, key=lambda x: (not math.isinf(x), x))
+    for rate in rates:
+        for number, results in enumerate(rounds, 1):
+            for r in (r for r in results if r.rate == rate):
+                print(f"| {rate_label(rate)} | {number} | {r.server} | {r.completed} | {r.output_throughput:.0f} | "
+                      f"{r.ttft[50]:.0f} / {r.ttft[99]:.0f} | {r.tpot[50]:.1f} / {r.tpot[99]:.1f} | "
+                      f"{r.itl[50]:.1f} / {r.itl[99]:.1f} | {cores(r.others)} |")
     print()
     for number, results in enumerate(rounds, 1):
-        by = {(r.server, r.rate): r for r in results}
-        ratios = [f"{rate_label(rate)}: {by['minivllm', rate].output_throughput / by['vllm', rate].output_throughput:.2f}x"
-                  for (server, rate) in by if server == "minivllm" and ("vllm", rate) in by]
-        print(f"round {number}, minivllm / vLLM output tok/s: " + ", ".join(ratios))
+        theirs = {r.rate: r for r in results if r.server == "vllm"}
+        for server in dict.fromkeys(r.server for r in results if r.server != "vllm"):
+            ratios = [f"{rate_label(r.rate)}: {r.output_throughput / theirs[r.rate].output_throughput:.2f}x"
+                      for r in results if r.server == server and r.rate in theirs]
+            print(f"round {number}, {server} / vLLM output tok/s: " + ", ".join(ratios))
 
 
 def vllm_client_mode(args) -> int:
@@ -467,15 +518,20 @@ def vllm_client_mode(args) -> int:
     from minivllm import TINY_MODEL_DIR
 
     rates = args.rates or [math.inf, 8.0, 16.0, 24.0]
+    configs = args.minivllm_args or [""]
     print(f"vLLM's client (vllm.benchmarks.serve), random dataset: {args.num_prompts} prompts, "
           f"{args.input_len} tokens in, {args.output_len} out; rates {[rate_label(r) for r in rates]}; "
-          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the start")
+          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the start. 'others': cores kept "
+          "busy by processes outside this benchmark (its servers and clients) during each run")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="serving_vllm_") as tmp, open(os.path.join(tmp, "log.txt"), "w") as log:
         try:
             for _ in range(args.repeats):  # alternate the servers, so both meet the same noise
-                results = serve_and_measure("minivllm", minivllm_serve_command(free_port(), shlex.split(args.minivllm_args)),
-                                            dict(os.environ), args, rates, tmp, log)
+                results = []
+                for extra in configs:
+                    name = f"minivllm {extra}".strip()
+                    results += serve_and_measure(name, minivllm_serve_command(free_port(), shlex.split(extra)),
+                                                 dict(os.environ), args, rates, tmp, log)
                 results += serve_and_measure("vllm", vllm_serve_command(args.vllm_python, str(TINY_MODEL_DIR), free_port(),
                                                                         shlex.split(args.vllm_args)),
                                              vllm_env(), args, rates, tmp, log)
@@ -513,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     vs.add_argument("--input-len", type=int, default=128)
     vs.add_argument("--output-len", type=int, default=128)
     vs.add_argument("--repeats", type=int, default=1, help="rounds of (minivllm, vLLM)")
-    vs.add_argument("--minivllm-args", default="", help="extra minivllm serve flags, one string")
+    vs.add_argument("--minivllm-args", action="append", default=None,
+                    help="extra minivllm serve flags, one string; give it again to measure several configurations")
     vs.add_argument("--vllm-args", default="", help="extra vllm serve flags, one string")
     args = ap.parse_args(argv)
     if args.vllm_python:

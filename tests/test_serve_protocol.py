@@ -182,7 +182,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_every_engine_argument_is_a_flag_and_absent_flags_keep_defaults():
     # absent flags keep the engine's defaults, except where the server has its own
-    assert engine_args_from(parse([])) == SERVER_ENGINE_DEFAULTS == {"engine_core_process": True}
+    assert SERVER_ENGINE_DEFAULTS == {"engine_core_process": True}
+    assert engine_args_from(parse(["--device", "cpu"])) == {"engine_core_process": True, "max_num_seqs": 128,
+                                                             "device": "cpu"}
+    assert engine_args_from(parse(["--device", "cuda:0"])) == {"engine_core_process": True, "device": "cuda:0"}
     args = parse(["some/model", "--max-num-seqs", "64", "--block-size", "32", "--no-enable-prefix-caching",
                   "--scheduler", "static", "--kv-cache-memory", "1000000", "--max-waiting", "5",
                   "--no-engine-core-process"])
