@@ -22,6 +22,10 @@ Usage::
 
     python benchmarks/attention_kernels.py                 # markdown table to stdout
     python benchmarks/attention_kernels.py --out kernels.json
+    python benchmarks/attention_kernels.py --store benchmarks/results   # the course's record
+
+``--store DIR`` writes ``DIR/attention_kernels-<gpu>.json``, which notebook 06 reads through
+``minivllm.course.kernel_results.stored_kernel_benchmark()`` on machines without a GPU.
 
 Without a CUDA device it prints why it skipped and exits with status 0.
 """
@@ -29,6 +33,7 @@ Without a CUDA device it prints why it skipped and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import sys
@@ -36,7 +41,8 @@ from typing import Any
 
 import torch
 
-import minivllm  # noqa: F401  (sets up Triton before any kernel module is imported)
+import minivllm.attention  # noqa: F401  (sets up Triton before any kernel module is imported)
+from minivllm.course.kernel_results import store_kernel_benchmark
 
 # Peak HBM bandwidth in bytes/s, matched against torch.cuda.get_device_name(). Each entry is
 # (substrings that must all appear, substrings that must not appear, bytes/s).
@@ -75,6 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-fraction", type=float, default=0.8,
                    help="skip a case whose tensors would need more than this fraction of free memory")
     p.add_argument("--out", default=None, help="also write the results as JSON to this path")
+    p.add_argument("--store", default=None, metavar="DIR",
+                   help="also store them as DIR/attention_kernels-<gpu>.json (the course's record)")
     return p.parse_args(argv)
 
 
@@ -233,20 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"heads {args.num_heads}, KV heads {args.num_kv_heads}, head_dim {args.head_dim}, "
           f"block {args.block_size}, {args.dtype}\n")
     print(markdown_table(rows))
-    if args.out:
+    if args.out or args.store:
         import triton
 
         record = {
             "device": name,
+            "measured_at": datetime.date.today().isoformat(),
             "peak_bandwidth_Bps": peak,
             "torch": torch.__version__,
             "triton": triton.__version__,
-            "config": {k: v for k, v in vars(args).items() if k != "out"},
+            "cuda": torch.version.cuda,
+            "config": {k: v for k, v in vars(args).items() if k not in ("out", "store")},
             "rows": rows,
         }
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=2)
-        print(f"\nwrote {args.out}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=2)
+            print(f"\nwrote {args.out}")
+        if args.store:
+            print(f"stored {store_kernel_benchmark(record, args.store)}")
     return 0
 
 

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex00_kv_memory.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex00` or `pytest -m ex00`.
+# `minivllm grade ex00` or `pytest -m ex00`. Stuck? `course.hint("ex00")` in the
+# notebook (or `minivllm hint ex00`) gives a hint, one at a time.
 """Exercise 00: how much memory the KV cache takes, and when decode stops being memory-bound.
 
 Notebook: notebooks/00_setup_and_tour.ipynb. Check your work with
@@ -36,8 +37,7 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     means ``hidden_size // num_attention_heads``). ``dtype`` is a key of ``DTYPE_BYTES``;
     raise ``ValueError`` for any other.
     """
-    # HINT: what does one token leave behind in one layer? Then in all of them.
-    raise NotImplementedError('ex00 kv_bytes_per_token: what does one token leave behind in one layer? Then in all of them. (see notebooks/00_setup_and_tour.ipynb)')
+    raise NotImplementedError("ex00 kv_bytes_per_token: Bytes of K and V that one token adds to the cache, summed over all layers. Yours to write; stuck? course.hint('ex00') (notebooks/00_setup_and_tour.ipynb)")
 
 
 def kv_bytes_per_sequence(config: dict, dtype: str, num_tokens: int, block_size: int | None = None) -> int:
@@ -46,8 +46,7 @@ def kv_bytes_per_sequence(config: dict, dtype: str, num_tokens: int, block_size:
     Without ``block_size`` the cache stores exactly ``num_tokens`` tokens. With it, the cache
     hands out memory in whole blocks of ``block_size`` token slots, as a paged cache does.
     """
-    # HINT: a paged cache cannot hand out part of a block.
-    raise NotImplementedError('ex00 kv_bytes_per_sequence: a paged cache cannot hand out part of a block. (see notebooks/00_setup_and_tour.ipynb)')
+    raise NotImplementedError("ex00 kv_bytes_per_sequence: Bytes of cache one sequence of ``num_tokens`` tokens occupies. Yours to write; stuck? course.hint('ex00') (notebooks/00_setup_and_tour.ipynb)")
 
 
 def decode_intensity(batch_size: int, num_params: float, weight_bytes: float, kv_bytes_per_seq: float = 0) -> float:
@@ -58,8 +57,7 @@ def decode_intensity(batch_size: int, num_params: float, weight_bytes: float, kv
     as the weights read once for the whole batch (``num_params * weight_bytes``) plus each
     sequence's KV cache read once (``kv_bytes_per_seq`` per sequence).
     """
-    # HINT: which of these costs grow with the batch, and which are paid once per step?
-    raise NotImplementedError('ex00 decode_intensity: which of these costs grow with the batch, and which are paid once per step? (see notebooks/00_setup_and_tour.ipynb)')
+    raise NotImplementedError("ex00 decode_intensity: Arithmetic intensity (FLOPs per byte moved from memory) of one decode step. Yours to write; stuck? course.hint('ex00') (notebooks/00_setup_and_tour.ipynb)")
 
 
 def crossover_batch(
@@ -75,5 +73,4 @@ def crossover_batch(
     hardware's ridge point ``peak_flops / hbm_bandwidth`` (reaching it exactly counts). Return
     ``None`` if no batch size, however large, reaches it.
     """
-    # HINT: find B from the condition itself (no search over every batch size needed).
-    raise NotImplementedError('ex00 crossover_batch: find B from the condition itself (no search over every batch size needed). (see notebooks/00_setup_and_tour.ipynb)')
+    raise NotImplementedError("ex00 crossover_batch: The smallest batch size at which a decode step is compute-bound, or ``None`` if none is. Yours to write; stuck? course.hint('ex00') (notebooks/00_setup_and_tour.ipynb)")

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex01_static_waste.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex01` or `pytest -m ex01`.
+# `minivllm grade ex01` or `pytest -m ex01`. Stuck? `course.hint("ex01")` in the
+# notebook (or `minivllm hint ex01`) gives a hint, one at a time.
 """Exercise 01: the books of a static batcher, over a whole trace.
 
 Notebook: notebooks/01_static_batching.ipynb. Check your work with
@@ -48,5 +49,4 @@ def account_static(prompt_lens: list[int], output_lens: list[int], batch_size: i
     An empty trace costs nothing. Raise ``ValueError`` (naming the value) for ``batch_size < 1``,
     lists of different lengths, a prompt shorter than one token, or a response shorter than one.
     """
-    # HINT: walk the trace batch by batch; which member decides how long a batch lasts?
-    raise NotImplementedError('ex01 account_static: walk the trace batch by batch; which member decides how long a batch lasts? (see notebooks/01_static_batching.ipynb)')
+    raise NotImplementedError("ex01 account_static: What it must do is in its docstring. Yours to write; stuck? course.hint('ex01') (notebooks/01_static_batching.ipynb)")

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex02_continuous.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex02` or `pytest -m ex02`.
+# `minivllm grade ex02` or `pytest -m ex02`. Stuck? `course.hint("ex02")` in the
+# notebook (or `minivllm hint ex02`) gives a hint, one at a time.
 """Exercise 02: a continuous-batching scheduler that serves the model.
 
 Notebook: notebooks/02_continuous_batching.ipynb. Check your work with
@@ -52,8 +53,7 @@ class ContinuousScheduler(SchedulerBase):
         end of ``self.running`` with status ``RUNNING``."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # HINT: first everyone already running, then newcomers, all paid from one budget.
-        raise NotImplementedError('ex02 ContinuousScheduler.schedule: first everyone already running, then newcomers, all paid from one budget. (see notebooks/02_continuous_batching.ipynb)')
+        raise NotImplementedError("ex02 ContinuousScheduler.schedule: Plan one step and return it (every request's share recorded with ``self.add_to_batch``). Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
         return out
 
     def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
@@ -61,5 +61,4 @@ class ContinuousScheduler(SchedulerBase):
         each token to its request, end the requests that must stop (``req.check_stop(token,
         self.config.max_model_len)`` returns the status to finish with, or ``None``), free their
         KV blocks, and return them. The others keep their order in ``self.running``."""
-        # HINT: a finished request leaves every structure that knows it and gives its memory back.
-        raise NotImplementedError('ex02 ContinuousScheduler.update_from_output: a finished request leaves every structure that knows it and gives its memory back. (see notebooks/02_continuous_batching.ipynb)')
+        raise NotImplementedError("ex02 ContinuousScheduler.update_from_output: The step ran: ``sampled_token_ids`` maps request id -> the token it sampled. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")

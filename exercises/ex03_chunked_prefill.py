@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex03_chunked_prefill.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex03` or `pytest -m ex03`.
+# `minivllm grade ex03` or `pytest -m ex03`. Stuck? `course.hint("ex03")` in the
+# notebook (or `minivllm hint ex03`) gives a hint, one at a time.
 """Exercise 03: chunked prefill and preemption, added to your exercise-02 scheduler.
 
 Notebook: notebooks/03_chunked_prefill.ipynb. Check your work with
@@ -48,8 +49,7 @@ class ChunkedScheduler(ContinuousScheduler):
         """Plan one step, as in exercise 02, under the two new rules above."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # HINT: start from your exercise-02 schedule(); what changes when a prompt may be cut?
-        raise NotImplementedError('ex03 ChunkedScheduler.schedule: start from your exercise-02 schedule(); what changes when a prompt may be cut? (see notebooks/03_chunked_prefill.ipynb)')
+        raise NotImplementedError("ex03 ChunkedScheduler.schedule: Plan one step, as in exercise 02, under the two new rules above. Yours to write; stuck? course.hint('ex03') (notebooks/03_chunked_prefill.ipynb)")
         return out
 
 
@@ -57,5 +57,4 @@ def steps_to_first_token(prompt_len: int, token_budget: int, num_decoding: int) 
     """Steps a newly admitted prompt of ``prompt_len`` tokens needs until its first output token,
     when ``num_decoding`` older requests decode in every one of those steps (none finishes) and
     the pool never fills. ``None`` if the prompt would never get a token of the budget."""
-    # HINT: what share of each step's budget is left for this prompt?
-    raise NotImplementedError("ex03 steps_to_first_token: what share of each step's budget is left for this prompt? (see notebooks/03_chunked_prefill.ipynb)")
+    raise NotImplementedError("ex03 steps_to_first_token: What it must do is in its docstring. Yours to write; stuck? course.hint('ex03') (notebooks/03_chunked_prefill.ipynb)")

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex04_block_allocator.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex04` or `pytest -m ex04`.
+# `minivllm grade ex04` or `pytest -m ex04`. Stuck? `course.hint("ex04")` in the
+# notebook (or `minivllm hint ex04`) gives a hint, one at a time.
 """Exercise 04: a paged KV cache -- a pool of blocks with a free list and reference counts, and
 a manager that keeps one block table per request.
 
@@ -84,15 +85,13 @@ class BlockPool:
     def allocate(self, n: int) -> list[Block]:
         """Take ``n`` blocks from the front of the free queue, each with ``ref_cnt`` 1, in
         queue order. Raise ``ValueError`` -- taking nothing -- if fewer than ``n`` are free."""
-        # HINT: all or nothing.
-        raise NotImplementedError('ex04 BlockPool.allocate: all or nothing. (see notebooks/04_block_allocator.ipynb)')
+        raise NotImplementedError("ex04 BlockPool.allocate: Take ``n`` blocks from the front of the free queue, each with ``ref_cnt`` 1, in queue order. Yours to write; stuck? course.hint('ex04') (notebooks/04_block_allocator.ipynb)")
 
     def free(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block, in the order given; a block whose count reaches
         0 joins the back of the free queue. Freeing a block that is already free is a bug
         elsewhere: raise ``ValueError`` naming the block."""
-        # HINT: a block is free again only when nobody points at it.
-        raise NotImplementedError('ex04 BlockPool.free: a block is free again only when nobody points at it. (see notebooks/04_block_allocator.ipynb)')
+        raise NotImplementedError("ex04 BlockPool.free: Drop one reference from each block, in the order given; a block whose count reaches 0 joins the back of the free queue. Yours to write; stuck? course.hint('ex04') (notebooks/04_block_allocator.ipynb)")
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Take one more reference on each block: a block another request holds, or a free one
@@ -148,8 +147,7 @@ class PagedKVCacheManager:
         """How many blocks the request's table must grow by to hold its first
         ``request.num_computed_tokens + num_new_tokens + num_lookahead_tokens`` tokens
         (0 if the blocks it holds already suffice)."""
-        # HINT: whole blocks only; the last one may be partly empty.
-        raise NotImplementedError('ex04 PagedKVCacheManager.num_new_blocks: whole blocks only; the last one may be partly empty. (see notebooks/04_block_allocator.ipynb)')
+        raise NotImplementedError("ex04 PagedKVCacheManager.num_new_blocks: What it must do is in its docstring. Yours to write; stuck? course.hint('ex04') (notebooks/04_block_allocator.ipynb)")
 
     def allocate_slots(
         self,
@@ -167,14 +165,12 @@ class PagedKVCacheManager:
         """
         if new_computed_blocks:
             raise ValueError("this manager has no prefix cache, yet it was given prefix-cache hits")
-        # HINT: refuse before touching anything; a request seen for the first time has no table yet.
-        raise NotImplementedError('ex04 PagedKVCacheManager.allocate_slots: refuse before touching anything; a request seen for the first time has no table yet. (see notebooks/04_block_allocator.ipynb)')
+        raise NotImplementedError("ex04 PagedKVCacheManager.allocate_slots: What it must do is in its docstring. Yours to write; stuck? course.hint('ex04') (notebooks/04_block_allocator.ipynb)")
 
     def free(self, request: Any) -> None:
         """Give back every block the request holds, its last block first, and forget its table.
         A request that holds nothing (never admitted, or already freed) is not an error."""
-        # HINT: tail first.
-        raise NotImplementedError('ex04 PagedKVCacheManager.free: tail first. (see notebooks/04_block_allocator.ipynb)')
+        raise NotImplementedError("ex04 PagedKVCacheManager.free: Give back every block the request holds, its last block first, and forget its table. Yours to write; stuck? course.hint('ex04') (notebooks/04_block_allocator.ipynb)")
 
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
         """The cache slot of each of the request's positions ``start .. end - 1``: the K/V of
@@ -187,8 +183,7 @@ class PagedKVCacheManager:
                 f"positions {start}..{end - 1} of {request_id!r}: its {len(table)} blocks hold "
                 f"positions 0..{len(table) * self.block_size - 1}"
             )
-        # HINT: logical block -> physical block; the offset inside the block is kept.
-        raise NotImplementedError('ex04 PagedKVCacheManager.slot_mapping: logical block -> physical block; the offset inside the block is kept. (see notebooks/04_block_allocator.ipynb)')
+        raise NotImplementedError("ex04 PagedKVCacheManager.slot_mapping: What it must do is in its docstring. Yours to write; stuck? course.hint('ex04') (notebooks/04_block_allocator.ipynb)")
 
     # --- the rest of the protocol ---------------------------------------------------------------
     def commit_written_blocks(self) -> None:

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex05_paged_attention_ref.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex05` or `pytest -m ex05`.
+# `minivllm grade ex05` or `pytest -m ex05`. Stuck? `course.hint("ex05")` in the
+# notebook (or `minivllm hint ex05`) gives a hint, one at a time.
 """Exercise 05: PagedAttention in plain PyTorch, as an attention backend the engine can use.
 
 Notebook: notebooks/05_paged_attention_torch.ipynb. Check your work with
@@ -45,8 +46,7 @@ def write_kv(
     """Store row ``t`` of ``key`` and ``value`` at slot ``slot_mapping[t]`` of the caches, cast
     to the cache's dtype. Rows whose slot is ``-1`` (padding that a static batch computes and
     throws away) are not stored anywhere."""
-    # HINT: a slot numbers the cache's [num_blocks * block_size] token rows; -1 means "not stored".
-    raise NotImplementedError('ex05 write_kv: a slot numbers the cache\'s [num_blocks * block_size] token rows; -1 means "not stored". (see notebooks/05_paged_attention_torch.ipynb)')
+    raise NotImplementedError("ex05 write_kv: Store row ``t`` of ``key`` and ``value`` at slot ``slot_mapping[t]`` of the caches, cast to the cache's dtype. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
 
 
 def gather_context(
@@ -59,8 +59,7 @@ def gather_context(
     Entries of ``block_table`` past the sequence's last block are padding (0), and the slots of
     its last block past ``seq_len`` belong to nobody: they hold whatever was there before.
     """
-    # HINT: logical block j of the sequence is physical block block_table[j]; keep seq_len rows.
-    raise NotImplementedError('ex05 gather_context: logical block j of the sequence is physical block block_table[j]; keep seq_len rows. (see notebooks/05_paged_attention_torch.ipynb)')
+    raise NotImplementedError("ex05 gather_context: Return ``[seq_len, KVH, D]``: positions ``0 .. seq_len - 1`` of one sequence, in order. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
 
 
 def causal_mask(
@@ -72,8 +71,7 @@ def causal_mask(
     cached by earlier steps: an earlier chunk of the prompt, a prefix-cache hit, the tokens
     decoded so far). A token attends to every position up to and including its own.
     """
-    # HINT: first place each new token at its absolute position in the sequence.
-    raise NotImplementedError('ex05 causal_mask: first place each new token at its absolute position in the sequence. (see notebooks/05_paged_attention_torch.ipynb)')
+    raise NotImplementedError("ex05 causal_mask: Return ``[query_len, seq_len]`` bool: may new token ``j`` attend to position ``p``? Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
 
 
 def grouped_attention(
@@ -91,8 +89,7 @@ def grouped_attention(
     query head (that copy is what makes a naive GQA implementation move ``H / KVH`` times the
     bytes). Every query row has at least one position it may attend to.
     """
-    # HINT: view the H query heads as KVH groups, so that each group meets its KV head once.
-    raise NotImplementedError('ex05 grouped_attention: view the H query heads as KVH groups, so that each group meets its KV head once. (see notebooks/05_paged_attention_torch.ipynb)')
+    raise NotImplementedError("ex05 grouped_attention: ``softmax(q k^T * scale, masked) v`` per query head; returns ``[n, H, D]``. Yours to write; stuck? course.hint('ex05') (notebooks/05_paged_attention_torch.ipynb)")
 
 
 class PagedAttentionBackend:

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex06_triton_kernel.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex06` or `pytest -m ex06`.
+# `minivllm grade ex06` or `pytest -m ex06`. Stuck? `course.hint("ex06")` in the
+# notebook (or `minivllm hint ex06`) gives a hint, one at a time.
 """Exercise 06: the inner loop of a paged decode-attention kernel, written in Triton.
 
 Notebook: notebooks/06_paged_attention_triton.ipynb. Check your work with
@@ -89,8 +90,7 @@ def paged_decode_kernel(
     acc = tl.zeros([GROUP_PAD, BLOCK_D], dtype=tl.float32)  # sum of exp(score - m) * v so far
 
     for logical_block in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
-        # HINT: fold this logical block's keys and values into the running m, denom and acc.
-        raise NotImplementedError("ex06 paged_decode_kernel: fold this logical block's keys and values into the running m, denom and acc. (see notebooks/06_paged_attention_triton.ipynb)")
+        raise NotImplementedError("ex06 paged_decode_kernel: yours to write; stuck? course.hint('ex06') (notebooks/06_paged_attention_triton.ipynb)")
 
     out = acc / denom[:, None]
     tl.store(

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex07_prefix_cache.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex07` or `pytest -m ex07`.
+# `minivllm grade ex07` or `pytest -m ex07`. Stuck? `course.hint("ex07")` in the
+# notebook (or `minivllm hint ex07`) gives a hint, one at a time.
 """Exercise 07: prefix caching and copy-on-write forks, on top of your block allocator.
 
 Notebook: notebooks/07_prefix_sharing_cow.ipynb. Check your work with
@@ -71,8 +72,7 @@ def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_keys: tu
     in order, and on ``extra_keys`` (``None`` or a tuple, e.g. ``(cache_salt,)``).
 
     Use ``_digest`` above (or any deterministic hash): equal inputs, equal hash."""
-    # HINT: one hash over all three inputs.
-    raise NotImplementedError('ex07 hash_block: one hash over all three inputs. (see notebooks/07_prefix_sharing_cow.ipynb)')
+    raise NotImplementedError("ex07 hash_block: What it must do is in its docstring. Yours to write; stuck? course.hint('ex07') (notebooks/07_prefix_sharing_cow.ipynb)")
 
 
 def block_hashes(
@@ -83,8 +83,7 @@ def block_hashes(
     ``token_ids`` starts a sequence). ``cache_salt`` (if not ``None``) is the first block's
     extra key, ``(cache_salt,)``, but only when ``parent`` is ``None``: later blocks inherit it
     through the chain."""
-    # HINT: each block's hash carries everything before it.
-    raise NotImplementedError("ex07 block_hashes: each block's hash carries everything before it. (see notebooks/07_prefix_sharing_cow.ipynb)")
+    raise NotImplementedError("ex07 block_hashes: What it must do is in its docstring. Yours to write; stuck? course.hint('ex07') (notebooks/07_prefix_sharing_cow.ipynb)")
 
 
 # --- the pool with a prefix cache ----------------------------------------------------------------
@@ -158,8 +157,7 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         logits to sample from."""
         if not self.enable_caching:
             return [], 0
-        # HINT: reuse the cached blocks at the start of the prompt, but leave something to compute.
-        raise NotImplementedError('ex07 PrefixCachingKVCacheManager.get_computed_blocks: reuse the cached blocks at the start of the prompt, but leave something to compute. (see notebooks/07_prefix_sharing_cow.ipynb)')
+        raise NotImplementedError("ex07 PrefixCachingKVCacheManager.get_computed_blocks: What it must do is in its docstring. Yours to write; stuck? course.hint('ex07') (notebooks/07_prefix_sharing_cow.ipynb)")
 
     def commit_written_blocks(self) -> None:
         """The step's forward pass has run: the blocks it filled hold K/V now, so they join the
@@ -190,8 +188,7 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         whichever of them first writes into a shared block gets a copy of it."""
         if child.request_id in self.tables:
             raise ValueError(f"request {child.request_id!r} already holds blocks")
-        # HINT: share, do not copy.
-        raise NotImplementedError('ex07 PrefixCachingKVCacheManager.fork: share, do not copy. (see notebooks/07_prefix_sharing_cow.ipynb)')
+        raise NotImplementedError("ex07 PrefixCachingKVCacheManager.fork: What it must do is in its docstring. Yours to write; stuck? course.hint('ex07') (notebooks/07_prefix_sharing_cow.ipynb)")
         # what the cache knows about the parent's blocks holds for the child's
         self.hashes[child.request_id] = list(self.hashes.get(parent.request_id, []))
         self.num_committed[child.request_id] = self.num_committed.get(parent.request_id, 0)
@@ -200,15 +197,13 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         """Indices, in the request's block table, of the blocks that its next
         ``num_new_tokens`` tokens (positions ``request.num_computed_tokens`` onwards) would be
         written into and that another request also holds."""
-        # HINT: which blocks do the new tokens land in, and who else holds them?
-        raise NotImplementedError('ex07 PrefixCachingKVCacheManager.shared_blocks_to_write: which blocks do the new tokens land in, and who else holds them? (see notebooks/07_prefix_sharing_cow.ipynb)')
+        raise NotImplementedError("ex07 PrefixCachingKVCacheManager.shared_blocks_to_write: What it must do is in its docstring. Yours to write; stuck? course.hint('ex07') (notebooks/07_prefix_sharing_cow.ipynb)")
 
     def copy_on_write(self, request_id: str, index: int) -> None:
         """Give the request a private copy of its block ``index``: a new block from the pool
         takes its place in the table, ``(old id, new id)`` joins ``pending_copies``, and the
         request drops its reference to the old block (the others keep theirs)."""
-        # HINT: a private block for the writer; the device copies the contents.
-        raise NotImplementedError('ex07 PrefixCachingKVCacheManager.copy_on_write: a private block for the writer; the device copies the contents. (see notebooks/07_prefix_sharing_cow.ipynb)')
+        raise NotImplementedError("ex07 PrefixCachingKVCacheManager.copy_on_write: What it must do is in its docstring. Yours to write; stuck? course.hint('ex07') (notebooks/07_prefix_sharing_cow.ipynb)")
         self.num_cow_copies += 1
 
     def take_pending_copies(self) -> list[tuple[int, int]]:

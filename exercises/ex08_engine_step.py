@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex08_engine_step.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex08` or `pytest -m ex08`.
+# `minivllm grade ex08` or `pytest -m ex08`. Stuck? `course.hint("ex08")` in the
+# notebook (or `minivllm hint ex08`) gives a hint, one at a time.
 """Exercise 08: the engine's step loop -- one step from its parts.
 
 Notebook: notebooks/08_serving_loop.ipynb. Check your work with
@@ -49,15 +50,14 @@ class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
     def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        """Run one step and return what it did: an ``StepOutput`` with the plan, the
+        """Run one step and return what it did: a ``StepOutput`` with the plan, the
         step's start and end time (``self.clock()``), the tokens appended (``sampled``), the
         requests that ended (``finished``; those that failed also in ``failed``) and the
         executor's ``logprobs`` and ``prompt_logprobs``.
 
         ``choose_tokens(plan, result)``, when given (beam search), returns the tokens to append
         in place of ``result.sampled``."""
-        # HINT: plan, run, then make the step's effects visible in the order that keeps them true.
-        raise NotImplementedError("ex08 StepLoop.step: plan, run, then make the step's effects visible in the order that keeps them true. (see notebooks/08_serving_loop.ipynb)")
+        raise NotImplementedError("ex08 StepLoop.step: What it must do is in its docstring. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")
 
     def record_request_times(
         self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float
@@ -76,5 +76,4 @@ class StepLoop(EngineCoreBase):
         this step (``out.forks``: leader id -> siblings), or -- beam search forks beams while it
         chooses tokens -- in ``self.scheduler.requests``. The scheduler has already appended the
         tokens, and a request that finished has left ``self.scheduler``."""
-        # HINT: which requests did this step touch, and which of them is it the first time for?
-        raise NotImplementedError('ex08 StepLoop.record_request_times: which requests did this step touch, and which of them is it the first time for? (see notebooks/08_serving_loop.ipynb)')
+        raise NotImplementedError("ex08 StepLoop.record_request_times: What it must do is in its docstring. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")

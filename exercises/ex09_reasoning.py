@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex09_reasoning.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex09` or `pytest -m ex09`.
+# `minivllm grade ex09` or `pytest -m ex09`. Stuck? `course.hint("ex09")` in the
+# notebook (or `minivllm hint ex09`) gives a hint, one at a time.
 """Exercise 09: reasoning models -- how many long sequences fit, and a policy that keeps chat fast.
 
 Notebook: notebooks/09_reasoning_models.ipynb. Check your work with
@@ -47,8 +48,7 @@ def kv_bytes_per_token(model) -> float:
     elements for every KV head of every layer, each element stored in ``model.kv_dtype``
     (``DTYPE_BITS[model.kv_dtype]`` bits; int4 is half a byte). Quantisation scales are
     ignored (a few bytes per head)."""
-    # HINT: two tensors per layer and KV head, head_dim elements each, at the dtype's bits.
-    raise NotImplementedError("ex09 kv_bytes_per_token: two tensors per layer and KV head, head_dim elements each, at the dtype's bits. (see notebooks/09_reasoning_models.ipynb)")
+    raise NotImplementedError("ex09 kv_bytes_per_token: What it must do is in its docstring. Yours to write; stuck? course.hint('ex09') (notebooks/09_reasoning_models.ipynb)")
 
 
 def max_concurrent_sequences(model, kv_memory_bytes: float, seq_len: int, block_size: int = 16) -> int:
@@ -59,8 +59,7 @@ def max_concurrent_sequences(model, kv_memory_bytes: float, seq_len: int, block_
     whole block are unusable), and every sequence holds whole blocks of its own (no prefix
     sharing). Raise ``ValueError`` for ``seq_len < 1``, ``block_size < 1`` or negative memory.
     """
-    # HINT: whole blocks in the pool, whole blocks per sequence.
-    raise NotImplementedError('ex09 max_concurrent_sequences: whole blocks in the pool, whole blocks per sequence. (see notebooks/09_reasoning_models.ipynb)')
+    raise NotImplementedError("ex09 max_concurrent_sequences: What it must do is in its docstring. Yours to write; stuck? course.hint('ex09') (notebooks/09_reasoning_models.ipynb)")
 
 
 # --- (b) a scheduling policy that keeps chat fast while reasoning runs -------------------------
@@ -95,21 +94,17 @@ class ChatFirstPolicy:
 
     def rank(self, request: Request) -> tuple[int, int]:
         """``(request.priority, 1 if the request may run long else 0)``."""
-        # HINT: the client's priority, then whether max_tokens allows a long run.
-        raise NotImplementedError("ex09 ChatFirstPolicy.rank: the client's priority, then whether max_tokens allows a long run. (see notebooks/09_reasoning_models.ipynb)")
+        raise NotImplementedError("ex09 ChatFirstPolicy.rank: ``(request.priority, 1 if the request may run long else 0)``. Yours to write; stuck? course.hint('ex09') (notebooks/09_reasoning_models.ipynb)")
 
     def waiting_key(self, request: Request) -> tuple:
         """Sort key of the waiting queue: the smallest key is admitted first."""
-        # HINT: rank first; within a rank, first come first served.
-        raise NotImplementedError('ex09 ChatFirstPolicy.waiting_key: rank first; within a rank, first come first served. (see notebooks/09_reasoning_models.ipynb)')
+        raise NotImplementedError("ex09 ChatFirstPolicy.waiting_key: Sort key of the waiting queue: the smallest key is admitted first. Yours to write; stuck? course.hint('ex09') (notebooks/09_reasoning_models.ipynb)")
 
     def choose_victim(self, running: list[Request]) -> Request:
         """The running request that gives its KV blocks back (``running`` is non-empty, in
         admission order; do not reorder it: it is the scheduler's own list)."""
-        # HINT: the least important rank loses first; within it, the request that loses least.
-        raise NotImplementedError('ex09 ChatFirstPolicy.choose_victim: the least important rank loses first; within it, the request that loses least. (see notebooks/09_reasoning_models.ipynb)')
+        raise NotImplementedError("ex09 ChatFirstPolicy.choose_victim: What it must do is in its docstring. Yours to write; stuck? course.hint('ex09') (notebooks/09_reasoning_models.ipynb)")
 
     def may_preempt(self, incoming: Request, victim: Request) -> bool:
         """May the waiting ``incoming`` request, which does not fit, take ``victim``'s place?"""
-        # HINT: only across ranks, never within one.
-        raise NotImplementedError('ex09 ChatFirstPolicy.may_preempt: only across ranks, never within one. (see notebooks/09_reasoning_models.ipynb)')
+        raise NotImplementedError("ex09 ChatFirstPolicy.may_preempt: May the waiting ``incoming`` request, which does not fit, take ``victim``'s place? Yours to write; stuck? course.hint('ex09') (notebooks/09_reasoning_models.ipynb)")

@@ -1,6 +1,7 @@
 # This file is generated from solutions/ex10_costs.py by `minivllm course make-exercises`.
 # It is yours: replace each `raise NotImplementedError(...)` with your code, then run
-# `minivllm grade ex10` or `pytest -m ex10`.
+# `minivllm grade ex10` or `pytest -m ex10`. Stuck? `course.hint("ex10")` in the
+# notebook (or `minivllm hint ex10`) gives a hint, one at a time.
 """Exercise 10: what a token costs, from the roofline of one decode step.
 
 Notebook: notebooks/10_cost_frontiers.ipynb. Check your work with
@@ -77,8 +78,7 @@ def decode_flops(model, batch_size: int, context_len: int) -> float:
       weighting the value, in every query head of every layer;
     * the LM head: one ``hidden_size x vocab_size`` matmul for the sampled token.
     """
-    # HINT: every sequence pays for every weight; attention grows with what it has read.
-    raise NotImplementedError('ex10 decode_flops: every sequence pays for every weight; attention grows with what it has read. (see notebooks/10_cost_frontiers.ipynb)')
+    raise NotImplementedError("ex10 decode_flops: Floating-point operations of one decode step. Yours to write; stuck? course.hint('ex10') (notebooks/10_cost_frontiers.ipynb)")
 
 
 def decode_bytes(model, batch_size: int, context_len: int) -> float:
@@ -89,8 +89,7 @@ def decode_bytes(model, batch_size: int, context_len: int) -> float:
     * Each sequence's K and V: its ``context_len`` cached tokens and its new token, read once.
     * Each sequence's new K and V, written once.
     """
-    # HINT: the weights are shared by the batch; the KV cache is not.
-    raise NotImplementedError('ex10 decode_bytes: the weights are shared by the batch; the KV cache is not. (see notebooks/10_cost_frontiers.ipynb)')
+    raise NotImplementedError("ex10 decode_bytes: Bytes one decode step moves between device memory and the chip. Yours to write; stuck? course.hint('ex10') (notebooks/10_cost_frontiers.ipynb)")
 
 
 def decode_step_time(
@@ -102,23 +101,20 @@ def decode_step_time(
     ``assumptions.bandwidth_efficiency`` of its ``memory_bandwidth``. Arithmetic and memory
     traffic overlap perfectly within a step. Every step also pays ``step_overhead_s``.
     """
-    # HINT: two ways to run out of time; the step ends when the slower one is done, then pays extra.
-    raise NotImplementedError('ex10 decode_step_time: two ways to run out of time; the step ends when the slower one is done, then pays extra. (see notebooks/10_cost_frontiers.ipynb)')
+    raise NotImplementedError("ex10 decode_step_time: Seconds one decode step takes on ``hardware``. Yours to write; stuck? course.hint('ex10') (notebooks/10_cost_frontiers.ipynb)")
 
 
 def decode_tokens_per_s(
     model, hardware, batch_size: int, context_len: int, assumptions: Assumptions = Assumptions()
 ) -> float:
     """Output tokens per second of a steady, full decode batch (what one GPU produces)."""
-    # HINT: how many tokens does one step hand out?
-    raise NotImplementedError('ex10 decode_tokens_per_s: how many tokens does one step hand out? (see notebooks/10_cost_frontiers.ipynb)')
+    raise NotImplementedError("ex10 decode_tokens_per_s: Output tokens per second of a steady, full decode batch (what one GPU produces). Yours to write; stuck? course.hint('ex10') (notebooks/10_cost_frontiers.ipynb)")
 
 
 def tokens_per_usd(tokens_per_s: float, usd_per_hour: float) -> float:
     """Output tokens one dollar buys from a GPU rented at ``usd_per_hour`` that produces
     ``tokens_per_s``. Raise ``ValueError`` unless the price is above zero."""
-    # HINT: a dollar buys a slice of an hour; count the tokens made in that slice.
-    raise NotImplementedError('ex10 tokens_per_usd: a dollar buys a slice of an hour; count the tokens made in that slice. (see notebooks/10_cost_frontiers.ipynb)')
+    raise NotImplementedError("ex10 tokens_per_usd: Output tokens one dollar buys from a GPU rented at ``usd_per_hour`` that produces ``tokens_per_s``. Yours to write; stuck? course.hint('ex10') (notebooks/10_cost_frontiers.ipynb)")
 
 
 def reasoning_query_cost(
@@ -137,5 +133,4 @@ def reasoning_query_cost(
     ``prompt_len + i`` cached tokens. The batch shares the GPU, so each query is charged an
     equal share of the time, at ``hardware.usd_per_hour``.
     """
-    # HINT: a query waits for every one of its steps, and each step reads a longer cache than the last.
-    raise NotImplementedError('ex10 reasoning_query_cost: a query waits for every one of its steps, and each step reads a longer cache than the last. (see notebooks/10_cost_frontiers.ipynb)')
+    raise NotImplementedError("ex10 reasoning_query_cost: What one long reasoning query costs when ``batch_size`` of them decode side by side. Yours to write; stuck? course.hint('ex10') (notebooks/10_cost_frontiers.ipynb)")

@@ -20,7 +20,7 @@ _LAZY = {
     "RequestOutput": "minivllm.outputs",
     "CompletionOutput": "minivllm.outputs",
     "TINY_MODEL_DIR": "minivllm.model.config",
-    "TRITON_MODE": "minivllm._triton_env",
+    "TRITON_MODE": "minivllm.attention.triton_env",
 }
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from minivllm._triton_env import TRITON_MODE
+    from minivllm.attention.triton_env import TRITON_MODE
     from minivllm.engine.llm import LLM
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.model.config import TINY_MODEL_DIR

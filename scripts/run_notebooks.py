@@ -3,16 +3,26 @@
     python scripts/run_notebooks.py                      # every notebook in notebooks/
     python scripts/run_notebooks.py notebooks/02_*.ipynb # some of them
     python scripts/run_notebooks.py --check-only         # run, report times, write nothing
+    python scripts/run_notebooks.py --exercises          # run on exercises/ (a student's Run All), write nothing
 
 Outputs are stored in the notebooks so that they read well on GitHub. Runs with
 ``MINIVLLM_SOLUTIONS=1`` (exercise cells use ``solutions/``), in the notebooks' folder, with
 this Python's kernel. Fails if a notebook raises or takes longer than ``--budget`` seconds.
+
+What is stored is what a student should see on opening a notebook, before running anything:
+
+- no answer: a ``course.answer(...)`` cell keeps no output (it shows the answer when run);
+- a cell tagged ``reveal`` (what a "predict, then run" question leads to) opens folded;
+- no widget state, and in place of a widget's output a line saying it needs a live kernel
+  (a stored widget view shows as a bare ``VBox(...)`` until its cell runs);
+- the kernelspec JupyterLab itself writes, so that opening a notebook does not mark it changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,6 +31,10 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_PLACEHOLDER = "(interactive controls: run the cell to show them; they need a live kernel)"
+ANSWER_CALL = re.compile(r"\bcourse\.answer\(")
 
 
 def run(path: Path, write: bool, timeout: int) -> float:
@@ -36,23 +50,46 @@ def run(path: Path, write: bool, timeout: int) -> float:
     client.execute()
     elapsed = time.perf_counter() - start
     if write:
-        nb.metadata.pop("widgets", None)  # live widget state: useless without a kernel, and large
+        prepare_for_students(nb)
         nbformat.write(nb, path)
     return elapsed
+
+
+def prepare_for_students(nb) -> None:
+    """Make the executed notebook ``nb`` open the way a student should first see it."""
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata.pop("widgets", None)  # live widget state: useless without a kernel, and large
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if ANSWER_CALL.search(cell.source):
+            cell.outputs = []
+        tags = cell.metadata.get("tags", [])
+        if "reveal" in tags:
+            cell.metadata.setdefault("jupyter", {})["outputs_hidden"] = True
+        for out in cell.outputs:
+            if WIDGET_VIEW in out.get("data", {}):
+                out["data"] = {"text/plain": WIDGET_PLACEHOLDER}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("notebooks", nargs="*", type=Path)
     ap.add_argument("--check-only", action="store_true", help="do not write outputs back")
+    ap.add_argument("--exercises", action="store_true",
+                    help="run on exercises/ as they are (untouched stubs: a student's Run All); writes nothing")
     ap.add_argument("--budget", type=float, default=180.0, help="seconds allowed per notebook")
     ap.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
     args = ap.parse_args()
-    os.environ["MINIVLLM_SOLUTIONS"] = "1"
+    if args.exercises:
+        os.environ.pop("MINIVLLM_SOLUTIONS", None)
+    else:
+        os.environ["MINIVLLM_SOLUTIONS"] = "1"
+    write = not (args.check_only or args.exercises)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     slow = []
     for p in paths:
-        elapsed = run(p.resolve(), not args.check_only, args.timeout)
+        elapsed = run(p.resolve(), write, args.timeout)
         flag = "" if elapsed <= args.budget else f"  (over the {args.budget:.0f} s budget)"
         print(f"{p.name:<40} {elapsed:6.1f} s{flag}", flush=True)
         if elapsed > args.budget:

@@ -33,7 +33,6 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
     means ``hidden_size // num_attention_heads``). ``dtype`` is a key of ``DTYPE_BYTES``;
     raise ``ValueError`` for any other.
     """
-    # HINT: what does one token leave behind in one layer? Then in all of them.
     # BEGIN SOLUTION
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown KV dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
@@ -51,7 +50,6 @@ def kv_bytes_per_sequence(config: dict, dtype: str, num_tokens: int, block_size:
     Without ``block_size`` the cache stores exactly ``num_tokens`` tokens. With it, the cache
     hands out memory in whole blocks of ``block_size`` token slots, as a paged cache does.
     """
-    # HINT: a paged cache cannot hand out part of a block.
     # BEGIN SOLUTION
     slots = num_tokens
     if block_size is not None:
@@ -68,7 +66,6 @@ def decode_intensity(batch_size: int, num_params: float, weight_bytes: float, kv
     as the weights read once for the whole batch (``num_params * weight_bytes``) plus each
     sequence's KV cache read once (``kv_bytes_per_seq`` per sequence).
     """
-    # HINT: which of these costs grow with the batch, and which are paid once per step?
     # BEGIN SOLUTION
     flops = 2 * num_params * batch_size
     moved = num_params * weight_bytes + batch_size * kv_bytes_per_seq
@@ -89,7 +86,6 @@ def crossover_batch(
     hardware's ridge point ``peak_flops / hbm_bandwidth`` (reaching it exactly counts). Return
     ``None`` if no batch size, however large, reaches it.
     """
-    # HINT: find B from the condition itself (no search over every batch size needed).
     # BEGIN SOLUTION
     ridge = peak_flops / hbm_bandwidth
     slope = 2 * num_params - ridge * kv_bytes_per_seq

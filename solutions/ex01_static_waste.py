@@ -45,7 +45,6 @@ def account_static(prompt_lens: list[int], output_lens: list[int], batch_size: i
     An empty trace costs nothing. Raise ``ValueError`` (naming the value) for ``batch_size < 1``,
     lists of different lengths, a prompt shorter than one token, or a response shorter than one.
     """
-    # HINT: walk the trace batch by batch; which member decides how long a batch lasts?
     # BEGIN SOLUTION
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

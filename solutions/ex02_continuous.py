@@ -49,7 +49,6 @@ class ContinuousScheduler(SchedulerBase):
         end of ``self.running`` with status ``RUNNING``."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # HINT: first everyone already running, then newcomers, all paid from one budget.
         # BEGIN SOLUTION
         for req in self.running:  # decode: one token each, oldest first
             block_ids = self.kv.allocate_slots(req, 1)
@@ -77,7 +76,6 @@ class ContinuousScheduler(SchedulerBase):
         each token to its request, end the requests that must stop (``req.check_stop(token,
         self.config.max_model_len)`` returns the status to finish with, or ``None``), free their
         KV blocks, and return them. The others keep their order in ``self.running``."""
-        # HINT: a finished request leaves every structure that knows it and gives its memory back.
         # BEGIN SOLUTION
         finished = []
         for rid, token in sampled_token_ids.items():

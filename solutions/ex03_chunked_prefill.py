@@ -45,7 +45,6 @@ class ChunkedScheduler(ContinuousScheduler):
         """Plan one step, as in exercise 02, under the two new rules above."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # HINT: start from your exercise-02 schedule(); what changes when a prompt may be cut?
         # BEGIN SOLUTION
         for req in list(self.running):  # a copy: preemption edits the list
             if budget == 0:
@@ -85,7 +84,6 @@ def steps_to_first_token(prompt_len: int, token_budget: int, num_decoding: int) 
     """Steps a newly admitted prompt of ``prompt_len`` tokens needs until its first output token,
     when ``num_decoding`` older requests decode in every one of those steps (none finishes) and
     the pool never fills. ``None`` if the prompt would never get a token of the budget."""
-    # HINT: what share of each step's budget is left for this prompt?
     # BEGIN SOLUTION
     per_step = token_budget - num_decoding
     if per_step <= 0:

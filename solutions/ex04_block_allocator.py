@@ -81,7 +81,6 @@ class BlockPool:
     def allocate(self, n: int) -> list[Block]:
         """Take ``n`` blocks from the front of the free queue, each with ``ref_cnt`` 1, in
         queue order. Raise ``ValueError`` -- taking nothing -- if fewer than ``n`` are free."""
-        # HINT: all or nothing.
         # BEGIN SOLUTION
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks, got {n}")
@@ -99,7 +98,6 @@ class BlockPool:
         """Drop one reference from each block, in the order given; a block whose count reaches
         0 joins the back of the free queue. Freeing a block that is already free is a bug
         elsewhere: raise ``ValueError`` naming the block."""
-        # HINT: a block is free again only when nobody points at it.
         # BEGIN SOLUTION
         for block in blocks:
             if block.ref_cnt <= 0:
@@ -163,7 +161,6 @@ class PagedKVCacheManager:
         """How many blocks the request's table must grow by to hold its first
         ``request.num_computed_tokens + num_new_tokens + num_lookahead_tokens`` tokens
         (0 if the blocks it holds already suffice)."""
-        # HINT: whole blocks only; the last one may be partly empty.
         # BEGIN SOLUTION
         total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
         return max(cdiv(total, self.block_size) - len(self.tables.get(request.request_id, ())), 0)
@@ -185,7 +182,6 @@ class PagedKVCacheManager:
         """
         if new_computed_blocks:
             raise ValueError("this manager has no prefix cache, yet it was given prefix-cache hits")
-        # HINT: refuse before touching anything; a request seen for the first time has no table yet.
         # BEGIN SOLUTION
         need = self.num_new_blocks(request, num_new_tokens, num_lookahead_tokens)
         if need > self.pool.num_free_blocks:
@@ -198,7 +194,6 @@ class PagedKVCacheManager:
     def free(self, request: Any) -> None:
         """Give back every block the request holds, its last block first, and forget its table.
         A request that holds nothing (never admitted, or already freed) is not an error."""
-        # HINT: tail first.
         # BEGIN SOLUTION
         table = self.tables.pop(request.request_id, None)
         if table:
@@ -216,7 +211,6 @@ class PagedKVCacheManager:
                 f"positions {start}..{end - 1} of {request_id!r}: its {len(table)} blocks hold "
                 f"positions 0..{len(table) * self.block_size - 1}"
             )
-        # HINT: logical block -> physical block; the offset inside the block is kept.
         # BEGIN SOLUTION
         bs = self.block_size
         return [table[pos // bs].block_id * bs + pos % bs for pos in range(start, end)]

@@ -42,7 +42,6 @@ def write_kv(
     """Store row ``t`` of ``key`` and ``value`` at slot ``slot_mapping[t]`` of the caches, cast
     to the cache's dtype. Rows whose slot is ``-1`` (padding that a static batch computes and
     throws away) are not stored anywhere."""
-    # HINT: a slot numbers the cache's [num_blocks * block_size] token rows; -1 means "not stored".
     # BEGIN SOLUTION
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -63,7 +62,6 @@ def gather_context(
     Entries of ``block_table`` past the sequence's last block are padding (0), and the slots of
     its last block past ``seq_len`` belong to nobody: they hold whatever was there before.
     """
-    # HINT: logical block j of the sequence is physical block block_table[j]; keep seq_len rows.
     # BEGIN SOLUTION
     block_size = cache.shape[1]
     num_blocks = -(-seq_len // block_size)
@@ -81,7 +79,6 @@ def causal_mask(
     cached by earlier steps: an earlier chunk of the prompt, a prefix-cache hit, the tokens
     decoded so far). A token attends to every position up to and including its own.
     """
-    # HINT: first place each new token at its absolute position in the sequence.
     # BEGIN SOLUTION
     context_len = seq_len - query_len  # positions cached before this step
     query_pos = context_len + torch.arange(query_len, device=device)  # [query_len]
@@ -105,7 +102,6 @@ def grouped_attention(
     query head (that copy is what makes a naive GQA implementation move ``H / KVH`` times the
     bytes). Every query row has at least one position it may attend to.
     """
-    # HINT: view the H query heads as KVH groups, so that each group meets its KV head once.
     # BEGIN SOLUTION
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]

@@ -86,7 +86,6 @@ def paged_decode_kernel(
     acc = tl.zeros([GROUP_PAD, BLOCK_D], dtype=tl.float32)  # sum of exp(score - m) * v so far
 
     for logical_block in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
-        # HINT: fold this logical block's keys and values into the running m, denom and acc.
         # BEGIN SOLUTION
         # int64: physical_block * stride overflows int32 in a cache of more than 2**31 numbers.
         physical_block = tl.load(table + logical_block).to(tl.int64)

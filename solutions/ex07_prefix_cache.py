@@ -68,7 +68,6 @@ def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_keys: tu
     in order, and on ``extra_keys`` (``None`` or a tuple, e.g. ``(cache_salt,)``).
 
     Use ``_digest`` above (or any deterministic hash): equal inputs, equal hash."""
-    # HINT: one hash over all three inputs.
     # BEGIN SOLUTION
     return _digest((parent_hash, tuple(token_ids), extra_keys))
     # END SOLUTION
@@ -82,7 +81,6 @@ def block_hashes(
     ``token_ids`` starts a sequence). ``cache_salt`` (if not ``None``) is the first block's
     extra key, ``(cache_salt,)``, but only when ``parent`` is ``None``: later blocks inherit it
     through the chain."""
-    # HINT: each block's hash carries everything before it.
     # BEGIN SOLUTION
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
@@ -164,7 +162,6 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         logits to sample from."""
         if not self.enable_caching:
             return [], 0
-        # HINT: reuse the cached blocks at the start of the prompt, but leave something to compute.
         # BEGIN SOLUTION
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[Block] = []
@@ -205,7 +202,6 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         whichever of them first writes into a shared block gets a copy of it."""
         if child.request_id in self.tables:
             raise ValueError(f"request {child.request_id!r} already holds blocks")
-        # HINT: share, do not copy.
         # BEGIN SOLUTION
         blocks = self.tables.get(parent.request_id, [])
         self.pool.touch(blocks)
@@ -219,7 +215,6 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         """Indices, in the request's block table, of the blocks that its next
         ``num_new_tokens`` tokens (positions ``request.num_computed_tokens`` onwards) would be
         written into and that another request also holds."""
-        # HINT: which blocks do the new tokens land in, and who else holds them?
         # BEGIN SOLUTION
         table = self.tables.get(request.request_id, [])
         if num_new_tokens <= 0 or not table:
@@ -233,7 +228,6 @@ class PrefixCachingKVCacheManager(ex04.PagedKVCacheManager):
         """Give the request a private copy of its block ``index``: a new block from the pool
         takes its place in the table, ``(old id, new id)`` joins ``pending_copies``, and the
         request drops its reference to the old block (the others keep theirs)."""
-        # HINT: a private block for the writer; the device copies the contents.
         # BEGIN SOLUTION
         table = self.tables[request_id]
         old = table[index]

@@ -46,14 +46,13 @@ class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
     def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        """Run one step and return what it did: an ``StepOutput`` with the plan, the
+        """Run one step and return what it did: a ``StepOutput`` with the plan, the
         step's start and end time (``self.clock()``), the tokens appended (``sampled``), the
         requests that ended (``finished``; those that failed also in ``failed``) and the
         executor's ``logprobs`` and ``prompt_logprobs``.
 
         ``choose_tokens(plan, result)``, when given (beam search), returns the tokens to append
         in place of ``result.sampled``."""
-        # HINT: plan, run, then make the step's effects visible in the order that keeps them true.
         # BEGIN SOLUTION
         start = self.clock()
         out = self.scheduler.schedule()
@@ -102,7 +101,6 @@ class StepLoop(EngineCoreBase):
         this step (``out.forks``: leader id -> siblings), or -- beam search forks beams while it
         chooses tokens -- in ``self.scheduler.requests``. The scheduler has already appended the
         tokens, and a request that finished has left ``self.scheduler``."""
-        # HINT: which requests did this step touch, and which of them is it the first time for?
         # BEGIN SOLUTION
         stats = self.stats
         by_id = {req.request_id: req for req in out.requests}

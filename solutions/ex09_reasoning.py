@@ -44,7 +44,6 @@ def kv_bytes_per_token(model) -> float:
     elements for every KV head of every layer, each element stored in ``model.kv_dtype``
     (``DTYPE_BITS[model.kv_dtype]`` bits; int4 is half a byte). Quantisation scales are
     ignored (a few bytes per head)."""
-    # HINT: two tensors per layer and KV head, head_dim elements each, at the dtype's bits.
     # BEGIN SOLUTION
     bits = DTYPE_BITS[model.kv_dtype]
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * bits / 8
@@ -59,7 +58,6 @@ def max_concurrent_sequences(model, kv_memory_bytes: float, seq_len: int, block_
     whole block are unusable), and every sequence holds whole blocks of its own (no prefix
     sharing). Raise ``ValueError`` for ``seq_len < 1``, ``block_size < 1`` or negative memory.
     """
-    # HINT: whole blocks in the pool, whole blocks per sequence.
     # BEGIN SOLUTION
     if seq_len < 1 or block_size < 1 or kv_memory_bytes < 0:
         raise ValueError(
@@ -104,7 +102,6 @@ class ChatFirstPolicy:
 
     def rank(self, request: Request) -> tuple[int, int]:
         """``(request.priority, 1 if the request may run long else 0)``."""
-        # HINT: the client's priority, then whether max_tokens allows a long run.
         # BEGIN SOLUTION
         max_tokens = request.sampling_params.max_tokens
         long = max_tokens is None or max_tokens > self.long_output_tokens
@@ -113,7 +110,6 @@ class ChatFirstPolicy:
 
     def waiting_key(self, request: Request) -> tuple:
         """Sort key of the waiting queue: the smallest key is admitted first."""
-        # HINT: rank first; within a rank, first come first served.
         # BEGIN SOLUTION
         return (*self.rank(request), request.arrival_time)
         # END SOLUTION
@@ -121,14 +117,12 @@ class ChatFirstPolicy:
     def choose_victim(self, running: list[Request]) -> Request:
         """The running request that gives its KV blocks back (``running`` is non-empty, in
         admission order; do not reorder it: it is the scheduler's own list)."""
-        # HINT: the least important rank loses first; within it, the request that loses least.
         # BEGIN SOLUTION
         return max(running, key=self.waiting_key)
         # END SOLUTION
 
     def may_preempt(self, incoming: Request, victim: Request) -> bool:
         """May the waiting ``incoming`` request, which does not fit, take ``victim``'s place?"""
-        # HINT: only across ranks, never within one.
         # BEGIN SOLUTION
         return self.rank(incoming) < self.rank(victim)
         # END SOLUTION

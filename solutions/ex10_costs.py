@@ -74,7 +74,6 @@ def decode_flops(model, batch_size: int, context_len: int) -> float:
       weighting the value, in every query head of every layer;
     * the LM head: one ``hidden_size x vocab_size`` matmul for the sampled token.
     """
-    # HINT: every sequence pays for every weight; attention grows with what it has read.
     # BEGIN SOLUTION
     matmuls = 2 * model.linear_params
     attention = 4 * model.num_layers * model.num_heads * model.head_dim * (context_len + 1)
@@ -91,7 +90,6 @@ def decode_bytes(model, batch_size: int, context_len: int) -> float:
     * Each sequence's K and V: its ``context_len`` cached tokens and its new token, read once.
     * Each sequence's new K and V, written once.
     """
-    # HINT: the weights are shared by the batch; the KV cache is not.
     # BEGIN SOLUTION
     weights = model.body_weight_bytes + model.lm_head_bytes
     kv = model.kv_bytes_per_token()
@@ -110,7 +108,6 @@ def decode_step_time(
     ``assumptions.bandwidth_efficiency`` of its ``memory_bandwidth``. Arithmetic and memory
     traffic overlap perfectly within a step. Every step also pays ``step_overhead_s``.
     """
-    # HINT: two ways to run out of time; the step ends when the slower one is done, then pays extra.
     # BEGIN SOLUTION
     compute = decode_flops(model, batch_size, context_len) / (hardware.peak_flops * assumptions.flops_efficiency)
     memory = decode_bytes(model, batch_size, context_len) / (
@@ -124,7 +121,6 @@ def decode_tokens_per_s(
     model, hardware, batch_size: int, context_len: int, assumptions: Assumptions = Assumptions()
 ) -> float:
     """Output tokens per second of a steady, full decode batch (what one GPU produces)."""
-    # HINT: how many tokens does one step hand out?
     # BEGIN SOLUTION
     return batch_size / decode_step_time(model, hardware, batch_size, context_len, assumptions)
     # END SOLUTION
@@ -133,7 +129,6 @@ def decode_tokens_per_s(
 def tokens_per_usd(tokens_per_s: float, usd_per_hour: float) -> float:
     """Output tokens one dollar buys from a GPU rented at ``usd_per_hour`` that produces
     ``tokens_per_s``. Raise ``ValueError`` unless the price is above zero."""
-    # HINT: a dollar buys a slice of an hour; count the tokens made in that slice.
     # BEGIN SOLUTION
     if not usd_per_hour > 0:
         raise ValueError(f"usd_per_hour must be > 0, got {usd_per_hour}")
@@ -157,7 +152,6 @@ def reasoning_query_cost(
     ``prompt_len + i`` cached tokens. The batch shares the GPU, so each query is charged an
     equal share of the time, at ``hardware.usd_per_hour``.
     """
-    # HINT: a query waits for every one of its steps, and each step reads a longer cache than the last.
     # BEGIN SOLUTION
     latency = 0.0
     for i in range(think_tokens):

@@ -42,8 +42,9 @@ def test_runtime_dependencies_leave_colab_alone_and_dev_installs_everything():
 
 def test_python_range_agrees():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["requires-python"] == ">=3.10,<3.13"
-    assert "python>=3.10,<3.13" in (ROOT / "environment.yml").read_text()
+    # no upper bound: pip picks the torch and Triton wheels for the interpreter it runs under
+    assert project["requires-python"] == ">=3.10"
+    assert "  - python>=3.10\n" in (ROOT / "environment.yml").read_text()
 
 
 def test_ci_runs_the_readme_test_command():

@@ -50,24 +50,47 @@ def gather_blocks(
 
     Returns ``[..., num_logical_blocks * block_size, num_kv_heads, head_dim]``: position ``p`` of
     a row is its block ``p // block_size`` at offset ``p % block_size``. Positions past a
-    sequence's length hold whatever the block holds and must be masked by the caller.
+    sequence's length hold whatever the block holds, NaN included: slice them off (a mask on
+    the scores is not enough, since ``0 * NaN`` is NaN), or gather :func:`owned_slots` instead.
     """
     # index_select on the flat list of ids: on a CPU about twice as fast as cache[block_ids]
     blocks = cache.index_select(0, block_ids.reshape(-1).long())  # [n * nb, block_size, KVH, D]
     return blocks.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
 
 
-def gather_kv(
-    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
-    max_seq_len: int,
+def owned_slots(
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] integer block numbers
+    readable: torch.Tensor,  # [num_seqs, num_positions] bool: True at positions the sequence wrote
+    block_size: int,
 ) -> torch.Tensor:
-    """Return ``[num_seqs, max_seq_len, num_kv_heads, head_dim]``: every sequence's logical
-    positions 0..max_seq_len-1, read through its block table (positions past a sequence's
-    length hold whatever its table's unused entries point at and must be masked)."""
-    block_size = cache.shape[1]
-    num_logical = (max_seq_len + block_size - 1) // block_size
-    return gather_blocks(cache, block_tables[:, :num_logical])[:, :max_seq_len]
+    """``[num_seqs, num_positions]``, the tables' integer type: the cache slot of each sequence's positions
+    ``0 .. num_positions - 1``, read through its block table; a position where ``readable`` is
+    False gets the slot of the sequence's position 0 instead.
+
+    A gather through these slots copies only K/V that the sequence wrote: the positions a
+    batch is padded to hold a copy of its first token rather than whatever the slot holds
+    (the tail of a last block, another sequence's block, a freed block's stale values, NaN
+    included). They must still be masked out of the softmax, which gives them weight 0; and
+    ``0 * finite`` is 0, where ``0 * NaN`` would have been NaN. ``block_tables`` must cover
+    ``num_positions`` (``AttentionMetadata.build`` makes it wide enough).
+    """
+    num_seqs, num_positions = readable.shape
+    num_blocks = -(-num_positions // block_size)
+    offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)
+    # block * block_size + offset, [S, nb, bs], in the tables' integer type (index_select takes
+    # int32 too; a pool of 2^31 slots would not fit in any memory)
+    slots = torch.add(offsets, block_tables[:, :num_blocks, None], alpha=block_size)
+    slots = slots.view(num_seqs, num_blocks * block_size)[:, :num_positions]
+    return torch.where(readable, slots, slots[:, :1])
+
+
+def gather_slots(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slots: torch.Tensor,  # [...] int32 or int64 slot numbers (block * block_size + offset)
+) -> torch.Tensor:
+    """Copy the listed slots out: ``[..., num_kv_heads, head_dim]``."""
+    flat = cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
+    return flat.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[2:])
 
 
 def copy_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[tuple[int, int]]) -> None:

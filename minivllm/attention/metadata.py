@@ -8,7 +8,9 @@ a prompt chunk, or one decode token). Nothing is padded. For sequence ``i``:
   tokens already cached before the step number ``seq_lens[i] - query_len_i`` (the *context*);
 * ``block_tables[i, j]`` is the physical block that holds its logical block ``j``;
 * ``slot_mapping[t] = block * block_size + offset`` is where token ``t``'s K/V is written
-  (``-1``: do not write, used for padding tokens).
+  (``-1``: do not write, used for padding tokens). Padding rows are always the *last* rows of
+  their sequence (static batching pads a prompt at its end; an idle seat is a sequence of one
+  padding row), so the positions a sequence has written are a prefix, ``readable_lens()`` long.
 
 The new tokens of a sequence occupy its last ``query_len`` positions, so new token ``j``
 (0-based) sits at position ``seq_len - query_len + j`` and attends to positions ``<=`` that.
@@ -45,6 +47,29 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    def readable_lens(self) -> torch.Tensor:
+        """``[num_seqs]`` int32, on the device: how many leading positions of each sequence hold
+        K/V it wrote, i.e. ``seq_lens`` minus the sequence's padding rows. Those rows' slots are
+        never written and may hold anything, yet they lie inside ``seq_len``: a backend that
+        reads a sequence's positions for all its rows at once (one gather, one kernel tile)
+        reads only these. Computed without a device-to-host copy, once per step."""
+        cached = self.backend_cache.get("readable_lens")
+        if cached is not None:
+            return cached
+        if self.num_skipped_slots == 0:
+            readable = self.seq_lens
+        else:
+            num_tokens = self.slot_mapping.shape[0]
+            device = self.slot_mapping.device
+            starts = self.query_start_loc[1:].to(device)
+            seq_of_token = torch.searchsorted(starts, torch.arange(num_tokens, device=device, dtype=starts.dtype),
+                                              right=True)
+            padding = torch.zeros(self.num_seqs, dtype=torch.int32, device=device)
+            padding.index_add_(0, seq_of_token, (self.slot_mapping < 0).int())
+            readable = self.seq_lens - padding.to(self.seq_lens.device)
+        self.backend_cache["readable_lens"] = readable
+        return readable
 
     @classmethod
     def build(

@@ -2,11 +2,11 @@
 
 The first version the course builds (notebook 05), kept as the ``"torch_padded"`` backend so
 that its cost can be measured next to the others. It writes the new K/V rows into the paged
-cache, gathers every sequence's blocks into one ``[num_seqs, max_seq_len, num_kv_heads,
+cache, gathers every sequence's positions into one ``[num_seqs, max_seq_len, num_kv_heads,
 head_dim]`` tensor, scatters the flat queries into ``[num_seqs, max_query_len, ...]``, and runs
 one masked softmax attention over the rectangle. Easy to read and fully vectorised, but the
 rectangle is sized by the *longest* query and the *longest* context of the step: a 400-token
-prompt chunk next to 63 decode tokens makes 64 rows of 400 queries. ``torch_ref.py`` (the
+prompt chunk next to 63 decode tokens makes 64 rows of 400 queries. ``torch_ragged.py`` (the
 ``"torch"`` backend) computes the same result without that padding.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.attention.cache_ops import gather_kv, write_kv_to_cache
+from minivllm.attention.cache_ops import gather_slots, owned_slots, write_kv_to_cache
 from minivllm.attention.metadata import AttentionMetadata
 
 
-def _step_layout(meta: AttentionMetadata, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _step_layout(meta: AttentionMetadata, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-step index tensors and the additive attention bias, shared by every layer.
 
     Returns ``seq_of_token [T]``, ``row_in_seq [T]`` (where each flat token sits in the padded
-    ``[S, max_q]`` layout) and ``bias [S, 1, 1, max_q, max_k]`` (0 where a query may attend,
-    -inf elsewhere).
+    ``[S, max_q]`` layout), ``key_slots [S, max_k]`` (the cache slot of each key position) and
+    ``bias [S, 1, 1, max_q, max_k]`` (0 where a query may attend, -inf elsewhere).
     """
     cached = meta.backend_cache.get("torch_padded")
     if cached is not None:
@@ -35,15 +35,18 @@ def _step_layout(meta: AttentionMetadata, device) -> tuple[torch.Tensor, torch.T
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
     row_in_seq = torch.arange(int(starts[-1]), device=device) - starts[seq_of_token]
     # Query row j of sequence s sits at absolute position context_len + j; it may see keys at
-    # positions <= its own (causal) that exist (< seq_len). Slots past a sequence's length
-    # hold stale data from whoever used the block before; they get zero weight (the engine's
-    # caches start zeroed, so stale values are finite and 0 * value is 0).
-    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=device)[None, :]
+    # positions <= its own (causal) that exist (< seq_len). The rectangle reaches past a
+    # sequence's end, and the slots there hold whatever their block held (NaN included): the
+    # gather reads the sequence's first slot for them instead (owned_slots), and the bias
+    # gives them weight 0. The same goes for the positions of padding rows, never written.
     k_pos = torch.arange(max_k, device=device)
+    readable = k_pos[None, :] < meta.readable_lens().to(device)[:, None]
+    key_slots = owned_slots(meta.block_tables, readable, meta.block_size)
+    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=device)[None, :]
     allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < seq_lens[:, None, None])
     allowed[:, :, 0] = True  # padding query rows would see no key at all -> NaN; give them key 0
     bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
-    layout = (seq_of_token, row_in_seq, bias[:, None, None])
+    layout = (seq_of_token, row_in_seq, key_slots, bias[:, None, None])
     meta.backend_cache["torch_padded"] = layout
     return layout
 
@@ -65,13 +68,13 @@ def paged_attention_padded(
     if num_tokens == 0 or num_seqs == 0:
         return torch.empty_like(query)
     max_q, max_k = meta.max_query_len, meta.max_seq_len
-    seq_of_token, row_in_seq, bias = _step_layout(meta, query.device)
+    seq_of_token, row_in_seq, key_slots, bias = _step_layout(meta, query.device)
 
     # Scatter the flat queries into [S, max_q, H, D] (padding rows stay zero).
     q = query.new_zeros(num_seqs, max_q, num_heads, head_dim)
     q[seq_of_token, row_in_seq] = query
-    k = gather_kv(k_cache, meta.block_tables, max_k).to(query.dtype)  # [S, max_k, KVH, D]
-    v = gather_kv(v_cache, meta.block_tables, max_k).to(query.dtype)
+    k = gather_slots(k_cache, key_slots).to(query.dtype)  # [S, max_k, KVH, D]
+    v = gather_slots(v_cache, key_slots).to(query.dtype)
 
     # Grouped-query attention without copying K/V per query head: the G = H / KVH query heads
     # that share a KV head are stacked with the query rows, so each (sequence, KV head) pair is

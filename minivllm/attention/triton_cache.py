@@ -11,8 +11,9 @@ so the kernel is a pure, memory-bound scatter; it is launched once per layer per
 
 from __future__ import annotations
 
-# Importing anything under ``minivllm`` runs ``minivllm/__init__.py`` first, which sets
-# TRITON_INTERPRET=1 on machines without CUDA *before* the ``@triton.jit`` below is evaluated.
+# Importing this module runs ``minivllm/attention/__init__.py`` first, which imports
+# ``triton_env`` (TRITON_INTERPRET=1 on machines without CUDA) *before* the ``@triton.jit``
+# below is evaluated.
 import torch
 import triton
 import triton.language as tl

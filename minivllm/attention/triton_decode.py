@@ -30,13 +30,14 @@ same softmax over all blocks, re-weighted by each split's share of the total mas
 
 from __future__ import annotations
 
-# Importing anything under ``minivllm`` runs ``minivllm/__init__.py`` first, which sets
-# TRITON_INTERPRET=1 on machines without CUDA *before* any ``@triton.jit`` below is evaluated.
+# Importing this module runs ``minivllm/attention/__init__.py`` first, which imports
+# ``triton_env`` (TRITON_INTERPRET=1 on machines without CUDA) *before* any ``@triton.jit``
+# below is evaluated.
 import torch
 import triton
 import triton.language as tl
 
-from minivllm._triton_env import triton_mode
+from minivllm.attention.triton_env import triton_mode
 
 # Split-KV heuristic (see ``choose_num_splits``). A GPU has on the order of 100 streaming
 # multiprocessors (T4: 40, A100: 108, H100/H200: 132); we aim for a few programs per SM.
@@ -290,15 +291,20 @@ def _check_paged_inputs(
         raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype}, {v_cache.dtype}) must share a dtype")
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [num_seqs, max_blocks], got {tuple(block_tables.shape)}")
-    block_size = k_cache.shape[1]
-    if block_size < 16 or block_size & (block_size - 1):
-        # One cache block is the K dimension of the P @ V dot, which a GPU needs >= 16 (the
-        # interpreter would accept less; we refuse it everywhere so CPU and GPU agree).
-        raise ValueError(
-            f"the Triton kernels need a power-of-two block_size >= 16, got {block_size}; "
-            "use the torch backend for smaller blocks"
-        )
+    check_block_size(k_cache.shape[1])
     return num_kv_heads, num_heads // num_kv_heads
+
+
+def check_block_size(block_size: int) -> None:
+    """The kernels' one rule on the cache layout: a power-of-two block of at least 16 slots.
+
+    One cache block is the K dimension of the ``P @ V`` dot, which a GPU needs >= 16 (the
+    interpreter would accept less; we refuse it everywhere so that CPU and GPU agree)."""
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(
+            f"the Triton kernels need a power-of-two block_size >= 16, got block_size={block_size}; "
+            "use block_size >= 16 or attention_backend='torch' for smaller blocks"
+        )
 
 
 def paged_decode_attention(

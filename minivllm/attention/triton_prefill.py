@@ -17,14 +17,18 @@ sequences in a batch with a long one) exit at once.
 
 Each program walks the sequence's blocks from 0 up to the block holding its last token's
 position with the same online-softmax step as decode (see ``triton_decode``), masking keys
-that lie in a row's future (``key_pos > query_pos``) or past ``seq_len``. Key 0 is visible to
-every row, so the first block gives every row a finite maximum.
+that lie in a row's future (``key_pos > query_pos``). It loads only the positions the sequence
+has written, ``readable_lens[i]`` of them (``seq_len`` less any padding rows, whose slots are
+never written): every other slot is masked out of the *loads*, not just the scores, because
+the tile's rows share each loaded block and ``0 * NaN`` is NaN in the ``P @ V`` product. Key 0 is
+visible to every row, so the first block gives every row a finite maximum.
 """
 
 from __future__ import annotations
 
-# Importing anything under ``minivllm`` runs ``minivllm/__init__.py`` first, which sets
-# TRITON_INTERPRET=1 on machines without CUDA *before* any ``@triton.jit`` below is evaluated.
+# Importing this module runs ``minivllm/attention/__init__.py`` first, which imports
+# ``triton_env`` (TRITON_INTERPRET=1 on machines without CUDA) *before* any ``@triton.jit``
+# below is evaluated.
 import torch
 import triton
 import triton.language as tl
@@ -48,6 +52,7 @@ def _paged_prefill_kernel(
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
+    readable_lens_ptr,  # [num_seqs] int32: positions written (seq_len less padding rows)
     scale,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
@@ -72,6 +77,7 @@ def _paged_prefill_kernel(
     if q_tile * BLOCK_Q >= query_len:
         return  # this sequence has fewer new tokens than the longest one in the batch
     seq_len = tl.load(seq_lens_ptr + seq)
+    readable = tl.load(readable_lens_ptr + seq)
     context_len = seq_len - query_len
 
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -94,13 +100,13 @@ def _paged_prefill_kernel(
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Keys up to the tile's last token (exclusive end), and never past the sequence.
-    kv_end = tl.minimum(context_len + (q_tile + 1) * BLOCK_Q, seq_len)
+    # Keys up to the tile's last token (exclusive end), and never past what the sequence wrote.
+    kv_end = tl.minimum(context_len + (q_tile + 1) * BLOCK_Q, readable)
     for logical_block in range(0, tl.cdiv(kv_end, BLOCK_SIZE)):
         physical_block = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)
         pos = logical_block * BLOCK_SIZE + t
-        pos_ok = pos < seq_len
-        kv_mask = pos_ok[:, None] & d_ok[None, :]  # never read unowned slots (may be NaN)
+        pos_ok = pos < readable
+        kv_mask = pos_ok[:, None] & d_ok[None, :]  # never load a slot it did not write (may be NaN)
         k, v = load_kv_block(
             k_cache_ptr, v_cache_ptr, physical_block, kv_head, t, d, kv_mask,
             stride_kb, stride_kt, stride_kh, stride_kd,
@@ -124,20 +130,27 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32, counting the new tokens
     scale: float,
     max_query_len: int,
+    readable_lens: torch.Tensor | None = None,  # [num_seqs] int32; None: seq_lens
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached context and themselves.
 
     Works for any mix of whole prompts, prompt chunks with cached context (chunked prefill,
     prefix-cache hits) and single decode tokens. Returns ``[num_tokens, num_heads, head_dim]``
-    in ``q``'s dtype. The new tokens' K/V must already be in the cache.
+    in ``q``'s dtype. The new tokens' K/V must already be in the cache, except padding rows'
+    (slot -1, the last rows of their sequence): ``readable_lens`` (``AttentionMetadata.
+    readable_lens()``) then says how many positions each sequence wrote, and no slot past them
+    is loaded. Padding rows' outputs are computed from those positions and are to be thrown away.
     """
     num_kv_heads, group = _check_paged_inputs(q, k_cache, v_cache, block_tables)
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
-    if query_start_loc.shape != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
+    readable_lens = seq_lens if readable_lens is None else readable_lens
+    if (query_start_loc.shape != (num_seqs + 1,) or block_tables.shape[0] != num_seqs
+            or readable_lens.shape != seq_lens.shape):
         raise ValueError(
-            f"seq_lens {tuple(seq_lens.shape)}, query_start_loc {tuple(query_start_loc.shape)} and "
-            f"block_tables {tuple(block_tables.shape)} disagree on the number of sequences"
+            f"seq_lens {tuple(seq_lens.shape)}, readable_lens {tuple(readable_lens.shape)}, query_start_loc "
+            f"{tuple(query_start_loc.shape)} and block_tables {tuple(block_tables.shape)} disagree on the "
+            "number of sequences"
         )
     upcast, precision = dot_settings(q.dtype)
     # fp32 output when bf16 is emulated by the interpreter (see ``dot_settings``).
@@ -149,7 +162,7 @@ def paged_prefill_attention(
     block_q = max(1, BLOCK_M_TARGET // group_pad)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _paged_prefill_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+        out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, readable_lens, scale,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0), *out.stride(),
         GROUP=group,
         GROUP_PAD=group_pad,

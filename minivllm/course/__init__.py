@@ -9,9 +9,16 @@ In a notebook::
 ``course.load`` reads ``exercises/`` (your work) unless ``MINIVLLM_SOLUTIONS=1`` is set, then
 ``solutions/`` (the reference). The same cases run under ``pytest -m ex02`` and ``minivllm grade``.
 
-Cells after a check use ``ex = course.working(ex)``: your module if it passed its checks, else the
-reference solution with a notice, so that a student who is stuck can still run the rest of the
-notebook (plots, widgets, the chapter's numbers) and come back to the exercise later.
+``course.check`` raises :class:`CheckFailed` on a wrong answer (a case that fails or raises), so
+nbval, pytest and ``minivllm grade`` fail on it; an exercise not started (or not finished: every
+case either passes or is still a stub's ``todo``) only prints its scoreboard, so that Run All goes
+through a notebook with nothing solved. Cells after a check use ``ex = course.working(ex)``: your
+module if it passed its checks, else the reference solution with a notice, and
+``course.label(ex)`` says which ("yours" or "reference") wherever a result is labelled.
+
+Help, on request: ``course.hint("ex04")`` gives the next hint of exercise 04 (the scoreboard
+counts them), and ``course.answer("nb04.blocks")`` the answer to a question a notebook asks
+before its exercise, folded until opened.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import hashlib
 from pathlib import Path
 from types import ModuleType
 
+from minivllm.course import hints as _hints
+from minivllm.course.answers import answer
 from minivllm.course.checks import cases_for
 from minivllm.course.grading import (
     Case,
@@ -30,9 +39,11 @@ from minivllm.course.grading import (
     require,
     run_cases,
 )
+from minivllm.course.hints import hint
 from minivllm.course.loader import (
     course_root,
     exercise_names,
+    has_solutions,
     load,
     load_benchmark,
     resolve_name,
@@ -56,22 +67,53 @@ __all__ = [
     "require",
     "working",
     "verdict",
+    "label",
+    "hint",
+    "answer",
+    "has_solutions",
 ]
 
 
 def check(exercise: ModuleType | str, verbose: bool = True, raise_on_failure: bool = True) -> Report:
-    """Run every case of an exercise on a loaded module (or on ``load(name)``), print the
-    scoreboard, and raise :class:`CheckFailed` if any case did not pass."""
+    """Run every case of an exercise on a loaded module (or on ``load(name)``) and print the
+    scoreboard. Raise :class:`CheckFailed` if a case failed or raised (a wrong answer); an
+    exercise whose other cases are all still ``todo`` gets a note instead, so that the rest of
+    the notebook runs on the reference (``course.working``)."""
     module = load(exercise) if isinstance(exercise, str) else exercise
     name = getattr(module, "__exercise__", None)
     if name is None:
         raise TypeError("check() needs a module from course.load(...) or an exercise name")
-    report = run_cases(name, module, cases_for(name), getattr(module, "__course_source__", "?"))
+    report = _run(name, module, getattr(module, "__course_source__", "?"))
     module.__course_report__ = report
     print(report.render(verbose=verbose))
-    if raise_on_failure and not report.passed:
-        raise CheckFailed(f"{name}: {report.summary_line().strip()} (details above)")
+    report.shown = True
+    if report.passed:
+        return report
+    if report.wrong:
+        if raise_on_failure:
+            raise CheckFailed(f"{name}: {report.summary_line().strip()}; the scoreboard above says which case and why")
+        return report
+    print(_todo_note(report))
     return report
+
+
+def _run(name: str, module: ModuleType, source: str) -> Report:
+    report = run_cases(name, module, cases_for(name), source)
+    if source == "exercises":  # a student's file: say how much help it took
+        report.hints = _hints.usage(name)
+    return report
+
+
+def _todo_note(report: Report) -> str:
+    c, n = report.counts(), len(report.results)
+    if report.started:
+        where = f"in progress: {c['pass']} of {n} cases pass, {c['todo']} still todo"
+    else:
+        where = f"not started: {n} cases todo"
+    if not has_solutions():
+        return f"  {where}. This copy has no solutions/, so the cells below need yours."
+    return (f"  {where}. The cells below use the reference solution, labelled \"reference\", "
+            "until yours passes (`ex = course.working(ex)`).")
 
 
 def working(exercise: ModuleType | str) -> ModuleType:
@@ -90,12 +132,13 @@ def working(exercise: ModuleType | str) -> ModuleType:
     if report.passed:
         return module
     key = (name, _verdict_key(module), report.summary_line())
+    if not has_solutions():
+        raise FileNotFoundError(f"{name} does not pass its checks yet ({report.summary_line().strip()}), and "
+                                f"this copy has no solutions/ folder to stand in for it")
     if not isinstance(exercise, str) or key not in _NOTICES_GIVEN:
         _NOTICES_GIVEN.add(key)
-        print(
-            f"note: {name} does not pass its checks yet ({report.summary_line().strip()}); the cells "
-            f"below use the reference solution. Fix your exercise and re-run the check cell to use yours."
-        )
+        print(f"note: {name} does not pass its checks yet ({report.summary_line().strip()}); the "
+              "reference solution stands in for it from here on. Re-run the check cell once yours passes.")
     return load(name, solutions=True)
 
 
@@ -112,7 +155,7 @@ def verdict(exercise: ModuleType | str) -> Report:
         report = _VERDICTS.get(key) if key is not None else None
         if report is None:
             name = module.__exercise__
-            report = run_cases(name, module, cases_for(name), module.__course_source__)
+            report = _run(name, module, module.__course_source__)
             if key is not None:
                 _VERDICTS[key] = report
         module.__course_report__ = report
@@ -151,5 +194,15 @@ def grade(names: list[str] | None = None, solutions: bool | None = None) -> list
             source = "solutions" if (use_solutions() if solutions is None else solutions) else "exercises"
             reports.append(run_cases(name, None, [case], source))
             continue
-        reports.append(run_cases(name, module, cases_for(name), module.__course_source__))
+        reports.append(_run(name, module, module.__course_source__))
     return reports
+
+
+def label(exercise: ModuleType) -> str:
+    """Whose code a module from ``course.load`` or ``course.working`` is: ``"yours"`` (a file in
+    ``exercises/``) or ``"reference"`` (``solutions/``), for the labels of plots and printouts
+    (``f"paged ({course.label(ex)})"``), which must not call the reference yours."""
+    source = getattr(exercise, "__course_source__", None)
+    if source is None:
+        raise TypeError(f"label() needs a module from course.load or course.working, got {exercise!r}")
+    return "reference" if source == "solutions" else "yours"

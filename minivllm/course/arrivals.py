@@ -1,10 +1,10 @@
-"""Drive the real engine step by step with requests that arrive at given steps, and log it.
+"""Notebook 09's view of a run: requests that arrive at given steps, and the queues after each.
 
 ``LLM.generate`` queues everything at once, which cannot show what a scheduling policy does
-when a chat request arrives while long requests already hold the KV cache. Here each request
-is added just before the engine step it arrives at, and every step records who ran, who
-waited and who was preempted, in steps rather than seconds, so that the log is the same on
-every machine. Used by notebook 09 and by the checks of exercise 09.
+when a chat request arrives while long requests already hold the KV cache. :func:`serve_arrivals`
+runs :class:`Arrival` requests through :func:`~minivllm.course.harness.run_trace` and logs, in
+steps rather than seconds (so that the log is the same on every machine), who ran after each
+step, who waited and who was preempted.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from minivllm.sampling_params import SamplingParams
+from minivllm.course.harness import TraceRequest, TraceResult, run_trace
 
 
 @dataclass(frozen=True)
@@ -28,62 +28,42 @@ class Arrival:
 
 
 @dataclass
-class StepRecord:
+class ArrivalStep:
+    """The queues after one step: running requests in admission order and their blocks."""
+
     step: int
-    running: list[str]  # after the step was planned, in admission order
+    running: list[str]
     num_waiting: int
     preempted: list[str]  # sent back to the waiting queue by this step
     kv_blocks_used: int
-    blocks_held: dict[str, int] = field(default_factory=dict)  # running request -> its KV blocks
+    blocks_held: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class ArrivalRun:
-    """What happened: every request's tokens, the step of its first and last token, the
-    requests preempted (and how often), and one :class:`StepRecord` per step."""
+    """A run's tokens, preemptions (per request) and one :class:`ArrivalStep` per step."""
 
-    tokens: dict[str, list[int]] = field(default_factory=dict)
-    first_token_step: dict[str, int] = field(default_factory=dict)
-    finished_step: dict[str, int] = field(default_factory=dict)
-    preemptions: dict[str, int] = field(default_factory=dict)
-    steps: list[StepRecord] = field(default_factory=list)
+    result: TraceResult
+    steps: list[ArrivalStep]
+
+    @property
+    def tokens(self) -> dict[str, list[int]]:
+        return self.result.tokens
+
+    @property
+    def preemptions(self) -> dict[str, int]:
+        return self.result.preemptions
 
     def wait(self, request_id: str, arrival_step: int) -> int:
         """Steps from a request's arrival to its first token (0: its first step produced it)."""
-        return self.first_token_step[request_id] - arrival_step
+        return self.result.first_token_step(request_id) - arrival_step
 
 
 def serve_arrivals(llm_or_engine, arrivals: Sequence[Arrival], max_steps: int = 100_000) -> ArrivalRun:
-    """Run ``arrivals`` on an ``LLM`` (or ``LLMEngine``) until every request finished.
-
-    Requests with the same arrival step are added in list order. Raises ``RuntimeError`` if
-    they have not all finished after ``max_steps`` steps.
-    """
-    engine = getattr(llm_or_engine, "engine", llm_or_engine)
-    scheduler = engine.scheduler
-    pending = sorted(arrivals, key=lambda a: a.step)  # stable
-    run = ArrivalRun()
-    step = 0
-    while pending or engine.has_unfinished_requests():
-        if step >= max_steps:
-            raise RuntimeError(f"requests still unfinished after {max_steps} steps")
-        while pending and pending[0].step <= step:
-            a = pending.pop(0)
-            params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
-            engine.add_request(a.request_id, a.prompt, params, priority=a.priority)
-        before = {rid: r.num_preemptions for rid, r in scheduler.requests.items()}
-        outputs = engine.step()
-        preempted = [rid for rid, r in scheduler.requests.items() if r.num_preemptions > before.get(rid, 0)]
-        for rid in preempted:
-            run.preemptions[rid] = run.preemptions.get(rid, 0) + 1
-        kv = engine.kv
-        held = {r.request_id: len(kv.get_block_ids(r.request_id)) for r in scheduler.running}
-        run.steps.append(StepRecord(step, list(held), scheduler.num_waiting, preempted, kv.num_used_blocks, held))
-        for out in outputs:
-            if out.outputs and out.outputs[0].token_ids:
-                run.first_token_step.setdefault(out.request_id, step)
-            if out.finished:
-                run.finished_step[out.request_id] = step
-                run.tokens[out.request_id] = list(out.outputs[0].token_ids)
-        step += 1
-    return run
+    """Run ``arrivals`` on an ``LLM`` (or ``LLMEngine``) until every request finished; requests
+    with the same arrival step are added in list order."""
+    trace = [TraceRequest(a.request_id, a.prompt, a.max_tokens, a.step, priority=a.priority) for a in arrivals]
+    result = run_trace(llm_or_engine, trace, max_steps=max_steps)
+    steps = [ArrivalStep(s.step, list(s.blocks_held), s.num_waiting, s.preempted, s.kv_blocks_used, s.blocks_held)
+             for s in result.steps]
+    return ArrivalRun(result, steps)

@@ -16,12 +16,14 @@ step loop          ex08 ``StepLoop``
 =================  ===========================================================================
 
 A part is the student's if their file passes its checks, else the reference stands in; the
-table (:meth:`Engine.table`) says which, and how the student's file did. Exercise 03's
+table (:meth:`Engine.table`) says which, and how the student's file did
+(:meth:`Engine.stand_ins` lists the parts where the reference stood in). Exercise 03's
 scheduler admits requests without asking the prefix cache and cannot fork, so the engine is
 served twice (:func:`check_engine`): all of it the student's, on a trace with chunked prompts
 and preemption; then with minivllm's ``Scheduler`` in its place
-(:meth:`Engine.under_minivllm_scheduler`), on a trace with prefix hits, ``n > 1`` forks and preemption. Both must give minivllm's own
-engine's tokens, step for step the same decisions, and every request a time to first token.
+(:meth:`Engine.under_minivllm_scheduler`), on a trace with prefix hits, ``n > 1`` forks and
+preemption. Both must give minivllm's own engine's tokens, step for step the same decisions,
+and every request a time to first token.
 
 :func:`serve_engine_trace` serves the second trace with only the step loop replaced: exercise
 08's engine case.
@@ -30,7 +32,6 @@ engine's tokens, step for step the same decisions, and every request a time to f
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
@@ -38,6 +39,14 @@ from typing import Any
 
 from minivllm import course
 from minivllm.course.grading import Mismatch
+from minivllm.course.harness import (
+    TraceRequest,
+    TraceResult,
+    beam_search,
+    expect_same_steps,
+    run_trace,
+)
+from minivllm.course.reference import DECISIONS
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 128
@@ -57,7 +66,9 @@ class Part:
 
 
 def _checks_of(module: ModuleType | None) -> str:
-    if module is None:
+    """How the student's file fares on its checks; "—" for the reference (graded by its own
+    tests, not here)."""
+    if module is None or module.__course_source__ == "solutions":
         return "—"
     report = course.verdict(module)
     n, ok = len(report.results), report.num_passed
@@ -74,13 +85,13 @@ def _pick(name: str) -> tuple[ModuleType, ModuleType]:
     """``(the module to run, the student's module)``: the student's file if it passes its
     checks (under ``MINIVLLM_SOLUTIONS=1`` that file is the reference), else the reference."""
     mine = course.load(name)
-    if course.verdict(mine).passed:
+    if mine.__course_source__ == "solutions" or course.verdict(mine).passed:
         return mine, mine
     return course.load(name, solutions=True), mine
 
 
-def _module_of(cls: type) -> ModuleType:
-    return sys.modules[cls.__module__]
+def _part(role: str, what: str, runs: ModuleType, mine: ModuleType, group: str) -> Part:
+    return Part(role, what, mine.__exercise__, _whose(runs), _checks_of(mine), group)
 
 
 @dataclass
@@ -98,76 +109,52 @@ class Engine:
     looks_up_prefixes: bool = False  # the scheduler asks the KV cache manager for prefix hits
     forks: bool = False  # n > 1 forks off the first sample (copy-on-write)
 
+    def _args(self, engine_args: dict) -> dict:
+        args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), enable_chunked_prefill=self.chunked_prefill)
+        if not self.chunked_prefill:
+            args["max_num_batched_tokens"] = MAX_MODEL_LEN
+        return {**args, **engine_args}
+
     def llm(self, num_kv_blocks: int, **engine_args):
         """An ``LLM`` serving the tiny model with these parts (``debug_checks=True``)."""
         from minivllm import LLM
 
-        args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), debug_checks=True)
-        if not self.chunked_prefill:
-            args["max_num_batched_tokens"] = MAX_MODEL_LEN
-        args.update(engine_args)
-        return LLM(
-            scheduler=self.scheduler,
-            kv_cache=self.make_kv(num_kv_blocks, BLOCK_SIZE),
-            attention_backend=self.make_backend(),
-            engine_core=self.step_loop,
-            enable_chunked_prefill=self.chunked_prefill,
-            **args,
-        )
+        return LLM(scheduler=self.scheduler, kv_cache=self.make_kv(num_kv_blocks, BLOCK_SIZE),
+                   attention_backend=self.make_backend(), engine_core=self.step_loop,
+                   **self._args({"debug_checks": True, **engine_args}))
 
     def minivllm_llm(self, num_kv_blocks: int, **engine_args):
         """minivllm's own engine with the same settings: same pool, chunking, prefix caching."""
         from minivllm import LLM
 
-        args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype())
-        if not self.chunked_prefill:
-            args["max_num_batched_tokens"] = MAX_MODEL_LEN
-        args.update(engine_args)
-        return LLM(
-            num_kv_blocks=num_kv_blocks,
-            block_size=BLOCK_SIZE,
-            enable_chunked_prefill=self.chunked_prefill,
-            enable_prefix_caching=self.looks_up_prefixes,
-            **args,
-        )
+        return LLM(num_kv_blocks=num_kv_blocks, block_size=BLOCK_SIZE, enable_prefix_caching=self.looks_up_prefixes,
+                   **self._args(engine_args))
 
     def under_minivllm_scheduler(self) -> Engine:
         """The same KV cache manager, attention and step loop under minivllm's ``Scheduler``,
         which looks up the prefix cache at admission and forks ``n > 1`` samples."""
-        row = Part(
-            "scheduler",
-            "Scheduler (prefix-cache lookups, forks)",
-            "minivllm",
-            "minivllm",
-            "—",
-            "scheduler",
-        )
+        row = Part("scheduler", "Scheduler (prefix-cache lookups, forks)", "minivllm", "minivllm", "—", "scheduler")
         parts = [row] + [p for p in self.parts if p.group != "scheduler"]
-        return replace(
-            self,
-            parts=parts,
-            scheduler="continuous",
-            chunked_prefill=True,
-            preempts=True,
-            looks_up_prefixes=True,
-            forks=True,
-        )
+        return replace(self, parts=parts, scheduler="continuous", chunked_prefill=True, preempts=True,
+                       looks_up_prefixes=True, forks=True)
 
     def table(self) -> str:
         """The parts as a text table: part, class, exercise, whose code ran, the checks."""
         rows = [("part", "what runs", "exercise", "whose", "your file's checks")]
         rows += [(p.role, p.what, p.exercise, p.whose, p.checks) for p in self.parts]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows
-        ]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
     @property
     def all_yours(self) -> bool:
         return all(p.whose != "reference" for p in self.parts)
+
+    def stand_ins(self) -> list[Part]:
+        """The parts where the reference ran because the student's file does not pass its checks
+        (nothing stands in when the reference itself is graded)."""
+        return [p for p in self.parts if p.whose == "reference" and p.checks.startswith("✗")]
 
 
 def course_dtype() -> str:
@@ -191,79 +178,24 @@ def assemble(step_loop: ModuleType | type | None = None, triton: bool | None = N
 def _scheduler(parts: list[Part]) -> tuple[type, bool, bool]:
     ex03, mine03 = _pick("ex03_chunked_prefill")
     ex02_mine = course.load("ex02_continuous")
-    if (
-        ex03 is not mine03
-        and course.verdict(ex02_mine).passed
-        and ex02_mine.__course_source__ == "exercises"
-    ):
-        parts.append(
-            Part(
-                "scheduler",
-                "ContinuousScheduler (whole prompts, no preemption)",
-                "ex02_continuous",
-                "yours",
-                _checks_of(ex02_mine),
-                "scheduler",
-            )
-        )
-        parts.append(
-            Part(
-                "  not used",
-                "ChunkedScheduler",
-                "ex03_chunked_prefill",
-                "—",
-                _checks_of(mine03),
-                "scheduler",
-            )
-        )
+    if ex03 is not mine03 and course.verdict(ex02_mine).passed and ex02_mine.__course_source__ == "exercises":
+        parts.append(_part("scheduler", "ContinuousScheduler (whole prompts, no preemption)", ex02_mine, ex02_mine,
+                           "scheduler"))
+        parts.append(Part("  not used", "ChunkedScheduler", "ex03_chunked_prefill", "—", _checks_of(mine03),
+                          "scheduler"))
         return ex02_mine.ContinuousScheduler, False, False
     cls = ex03.ChunkedScheduler
-    parts.append(
-        Part(
-            "scheduler",
-            "ChunkedScheduler.schedule",
-            "ex03_chunked_prefill",
-            _whose(ex03),
-            _checks_of(mine03),
-            "scheduler",
-        )
-    )
-    base = _module_of(cls.__mro__[1])
-    parts.append(
-        Part(
-            "  under it",
-            "ContinuousScheduler.update_from_output",
-            "ex02_continuous",
-            _whose(base),
-            _checks_of(ex02_mine),
-            "scheduler",
-        )
-    )
+    parts.append(_part("scheduler", "ChunkedScheduler.schedule", ex03, mine03, "scheduler"))
+    base = sys.modules[cls.__mro__[1].__module__]
+    parts.append(_part("  under it", "ContinuousScheduler.update_from_output", base, ex02_mine, "scheduler"))
     return cls, True, True
 
 
 def _kv_cache(parts: list[Part]) -> Callable[[int, int], Any]:
     ex07, mine07 = _pick("ex07_prefix_cache")
-    parts.append(
-        Part(
-            "KV cache manager",
-            "PrefixCachingKVCacheManager",
-            "ex07_prefix_cache",
-            _whose(ex07),
-            _checks_of(mine07),
-            "kv",
-        )
-    )
-    parts.append(
-        Part(
-            "  under it",
-            "PagedKVCacheManager, BlockPool",
-            "ex04_block_allocator",
-            _whose(ex07.ex04),
-            _checks_of(course.load("ex04_block_allocator")),
-            "kv",
-        )
-    )
+    parts.append(_part("KV cache manager", "PrefixCachingKVCacheManager", ex07, mine07, "kv"))
+    parts.append(_part("  under it", "PagedKVCacheManager, BlockPool", ex07.ex04, course.load("ex04_block_allocator"),
+                       "kv"))
     return ex07.PrefixCachingKVCacheManager
 
 
@@ -271,40 +203,12 @@ def _attention(parts: list[Part], triton: bool | None) -> Callable[[], Any]:
     import torch
 
     ex05, mine05 = _pick("ex05_paged_attention_ref")
-    use_triton = torch.cuda.is_available() if triton is None else triton
-    if not use_triton:
-        parts.append(
-            Part(
-                "attention",
-                "PagedAttentionBackend",
-                "ex05_paged_attention_ref",
-                _whose(ex05),
-                _checks_of(mine05),
-                "attention",
-            )
-        )
+    if not (torch.cuda.is_available() if triton is None else triton):
+        parts.append(_part("attention", "PagedAttentionBackend", ex05, mine05, "attention"))
         return ex05.PagedAttentionBackend
     ex06, mine06 = _pick("ex06_triton_kernel")
-    parts.append(
-        Part(
-            "attention",
-            "PagedDecodeBackend (decode-only steps)",
-            "ex06_triton_kernel",
-            _whose(ex06),
-            _checks_of(mine06),
-            "attention",
-        )
-    )
-    parts.append(
-        Part(
-            "  other steps",
-            "PagedAttentionBackend",
-            "ex05_paged_attention_ref",
-            _whose(ex05),
-            _checks_of(mine05),
-            "attention",
-        )
-    )
+    parts.append(_part("attention", "PagedDecodeBackend (decode-only steps)", ex06, mine06, "attention"))
+    parts.append(_part("  other steps", "PagedAttentionBackend", ex05, mine05, "attention"))
 
     def make() -> Any:
         backend = ex06.PagedDecodeBackend()
@@ -318,18 +222,8 @@ def _step_loop(parts: list[Part], step_loop: ModuleType | type | None) -> type:
     if step_loop is None:
         step_loop = course.working("ex08_engine_step")
     if isinstance(step_loop, ModuleType):
-        report = getattr(step_loop, "__course_report__", None)
-        checks = "—" if report is None else _checks_of(step_loop)
-        parts.append(
-            Part(
-                "step loop",
-                "StepLoop.step",
-                "ex08_engine_step",
-                _whose(step_loop),
-                checks,
-                "step loop",
-            )
-        )
+        checks = "—" if getattr(step_loop, "__course_report__", None) is None else _checks_of(step_loop)
+        parts.append(Part("step loop", "StepLoop.step", "ex08_engine_step", _whose(step_loop), checks, "step loop"))
         return step_loop.StepLoop
     parts.append(Part("step loop", step_loop.__name__, "—", "yours", "—", "step loop"))
     return step_loop
@@ -338,25 +232,12 @@ def _step_loop(parts: list[Part], step_loop: ModuleType | type | None) -> type:
 def step_loop_runs(core_class: type) -> None:
     """Run one step of ``core_class`` on a fake executor: a stub raises ``NotImplementedError``
     here, cheaply, before anything is assembled."""
-    from minivllm.course.core_replay import CoreRequest, CoreSetup, run_core
+    from minivllm.course.core_replay import CoreSetup, run_core
 
-    run_core(core_class, [CoreRequest("probe", (1, 2), 1)], CoreSetup())
+    run_core(core_class, [TraceRequest("probe", (1, 2), 1)], CoreSetup())
 
 
 # --- serving a trace ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ServeRequest:
-    """A request of a capstone trace: text prompt, joins before step ``arrival_step``."""
-
-    request_id: str
-    prompt: str
-    max_tokens: int = 16
-    arrival_step: int = 0
-    n: int = 1
-    temperature: float = 0.0
-    seed: int | None = None
-
-
 STORY = (
     "Once upon a time there was a little fox who lived in a quiet forest near a river. Every "
     "morning she walked to the water to drink, and every evening she came home to her den."
@@ -364,176 +245,82 @@ STORY = (
 
 # Chunked prompts (a budget of 32 tokens) and a pool too small for all of them: preemption.
 CHUNKS_AND_PREEMPTION = [
-    ServeRequest("fox", STORY, 20),
-    ServeRequest(
-        "ball",
-        "Mia had a red ball. She played with it every day in the garden behind her house. "
-        "One warm day, the ball rolled under the fence, and Mia",
-        20,
-        arrival_step=1,
-    ),
-    ServeRequest("time", "Once upon a time", 24, arrival_step=1),
-    ServeRequest("market", "Tom went to the market and", 24, arrival_step=2),
-    ServeRequest(
-        "friends",
-        "Sam and Lily were friends. They liked to build towers of blocks. Lily",
-        20,
-        arrival_step=3,
-    ),
-    ServeRequest(
-        "sun", "In the morning the sun came up over the hills, and the old man", 16, arrival_step=5
-    ),
+    TraceRequest("fox", STORY, 20),
+    TraceRequest("ball", "Mia had a red ball. She played with it every day in the garden behind her house. "
+                 "One warm day, the ball rolled under the fence, and Mia", 20, arrival_step=1),
+    TraceRequest("time", "Once upon a time", 24, arrival_step=1),
+    TraceRequest("market", "Tom went to the market and", 24, arrival_step=2),
+    TraceRequest("friends", "Sam and Lily were friends. They liked to build towers of blocks. Lily", 20,
+                 arrival_step=3),
+    TraceRequest("sun", "In the morning the sun came up over the hills, and the old man", 16, arrival_step=5),
 ]
 # The story again: its first blocks are in the prefix cache by the time the others arrive;
 # two samples of one prompt fork; the pool is small enough to preempt.
 PREFIX_FORKS_AND_PREEMPTION = [
-    ServeRequest("story", STORY, 16),
-    ServeRequest("story-then", STORY + " One day she", 16, arrival_step=3),
-    ServeRequest("story-again", STORY + " She liked", 12, arrival_step=6),
-    ServeRequest("two", "The little fox", 16, arrival_step=1, n=2, temperature=0.8, seed=7),
-    ServeRequest("bird", "A bird sat on a branch", 20, arrival_step=2),
-    ServeRequest("smile", "The old man smiled", 20, arrival_step=4),
+    TraceRequest("story", STORY, 16),
+    TraceRequest("story-then", STORY + " One day she", 16, arrival_step=3),
+    TraceRequest("story-again", STORY + " She liked", 12, arrival_step=6),
+    TraceRequest("two", "The little fox", 16, arrival_step=1, n=2, temperature=0.8, seed=7),
+    TraceRequest("bird", "A bird sat on a branch", 20, arrival_step=2),
+    TraceRequest("smile", "The old man smiled", 20, arrival_step=4),
 ]
 POOLS = {"chunks": 9, "prefix": 11}  # KV blocks of 16 tokens (tuned to preempt; see check_engine)
 TOKEN_BUDGET = 32
+SUMMARY_KEYS = ("num_steps", "output_tokens", "prefill_tokens", "decode_tokens", "preemptions",
+                "prefill_tokens_skipped", "peak_kv_blocks_used")
 
 
 @dataclass
 class Served:
-    """One run of a trace: the tokens of every completion, what every step decided, and the
-    statistics the checks look at."""
+    """What the capstone compares of one run: its steps and completions (keyed
+    ``"request[index]"``), the prompt tokens served from the cache, the run's counts, and the
+    beams of a beam search."""
 
-    tokens: dict[str, list[int]] = field(default_factory=dict)  # "request[index]" -> token ids
-    texts: dict[str, str] = field(default_factory=dict)
-    cached: dict[str, int] = field(default_factory=dict)  # request -> prompt tokens from the cache
-    decisions: list[list[tuple[str, int]]] = field(default_factory=list)
-    no_ttft: list[str] = field(default_factory=list)  # finished requests without a first-token time
-    summary: dict[str, float] = field(default_factory=dict)
-    cow_copies: int = 0
+    run: TraceResult
     beams: list[list[int]] = field(default_factory=list)
-    seconds: float = 0.0
+    tokens: dict[str, list[int]] = field(init=False)
+    texts: dict[str, str] = field(init=False)
+    cached: dict[str, int] = field(init=False)
+    decisions: list[list[tuple[str, int]]] = field(init=False)
+    summary: dict[str, float] = field(init=False)
+    cow_copies: int = field(init=False)
+    no_ttft: list[str] = field(init=False)  # finished requests without a first-token time
+
+    def __post_init__(self) -> None:
+        stats, run = self.run.stats, self.run
+        key = {rid: f"{rid.partition('#')[0]}[{rid.partition('#')[2] or 0}]" for rid in run.tokens}
+        self.tokens = {key[rid]: tokens for rid, tokens in run.tokens.items()}
+        self.texts = {key[rid]: text for rid, text in run.texts.items()}
+        self.cached, self.decisions = run.cached, run.decisions
+        self.summary = {k: stats.summary()[k] for k in SUMMARY_KEYS}
+        self.cow_copies = sum(s.num_cow_copies for s in stats.steps)
+        self.no_ttft = sorted(rid for rid, m in stats.requests.items()
+                              if m.finished_time is not None and m.first_token_time is None)
 
 
-SUMMARY_KEYS = (
-    "num_steps",
-    "output_tokens",
-    "prefill_tokens",
-    "decode_tokens",
-    "preemptions",
-    "prefill_tokens_skipped",
-    "peak_kv_blocks_used",
-)
-
-
-def serve(llm, trace: Sequence[ServeRequest], max_steps: int = 600) -> Served:
+def serve(llm, trace: Sequence[TraceRequest], max_steps: int = 600) -> Served:
     """Serve ``trace`` on ``llm``'s engine, request ``i`` joining before step ``arrival_step``."""
-    from minivllm import SamplingParams
-
-    engine = llm.engine
-    served = Served()
-    plan = engine.core.scheduler.schedule
-
-    def recording_schedule():
-        out = plan()
-        served.decisions.append(out.decisions())
-        return out
-
-    engine.core.scheduler.schedule = recording_schedule
-    pending = sorted(trace, key=lambda r: r.arrival_step)
-    start, step = time.perf_counter(), 0
-    try:
-        while pending or engine.has_unfinished_requests():
-            while pending and pending[0].arrival_step <= step:
-                r = pending.pop(0)
-                params = SamplingParams(
-                    n=r.n,
-                    temperature=r.temperature,
-                    seed=r.seed,
-                    max_tokens=r.max_tokens,
-                    ignore_eos=True,
-                )
-                engine.add_request(r.request_id, r.prompt, params)
-            if step >= max_steps:
-                raise Mismatch(
-                    "every request finished",
-                    f"{engine.get_num_unfinished_requests()} unfinished",
-                    f"after {max_steps} steps",
-                )
-            for out in engine.step():
-                if not out.finished:
-                    continue
-                served.cached[out.request_id] = out.num_cached_tokens
-                for c in out.outputs:
-                    served.tokens[f"{out.request_id}[{c.index}]"] = list(c.token_ids)
-                    served.texts[f"{out.request_id}[{c.index}]"] = c.text
-            step += 1
-    finally:
-        del engine.core.scheduler.schedule
-    served.seconds = time.perf_counter() - start
-    stats = engine.get_stats()
-    served.summary = {k: stats.summary()[k] for k in SUMMARY_KEYS}
-    served.cow_copies = sum(s.num_cow_copies for s in stats.steps)
-    served.no_ttft = sorted(
-        rid
-        for rid, m in stats.requests.items()
-        if m.finished_time is not None and m.first_token_time is None
-    )
-    return served
+    return Served(run_trace(llm, trace, max_steps=max_steps))
 
 
 def compare_served(expected: Served, got: Served, label: str) -> None:
-    """Raise :class:`Mismatch` at the first difference: a step's decisions, a completion's
-    tokens, the prompt tokens served from the cache, the run's counts, a missing TTFT."""
-    for t, (want, have) in enumerate(zip(expected.decisions, got.decisions, strict=False)):
-        if want != have:
-            raise Mismatch(want, have, f"{label}: step {t}, (request, tokens)")
-    if len(expected.decisions) != len(got.decisions):
-        raise Mismatch(f"{len(expected.decisions)} steps", f"{len(got.decisions)} steps", label)
+    """Raise at the first difference: a step's decisions (batch, preempted, ended, KV blocks in
+    use), a completion's tokens, the prompt tokens served from the cache, the run's counts, a
+    missing TTFT, the beams."""
+    expect_same_steps(expected.run, got.run, DECISIONS, label)
     for key, want in expected.tokens.items():
         if got.tokens.get(key) != want:
             raise Mismatch(want, got.tokens.get(key), f"{label}: the tokens of {key}")
     if got.cached != expected.cached:
-        raise Mismatch(
-            expected.cached, got.cached, f"{label}: prompt tokens served from the prefix cache"
-        )
+        raise Mismatch(expected.cached, got.cached, f"{label}: prompt tokens served from the prefix cache")
     if got.summary != expected.summary:
         keys = [k for k in expected.summary if expected.summary[k] != got.summary.get(k)]
-        raise Mismatch(
-            {k: expected.summary[k] for k in keys},
-            {k: got.summary.get(k) for k in keys},
-            f"{label}: the run's statistics",
-        )
+        raise Mismatch({k: expected.summary[k] for k in keys}, {k: got.summary.get(k) for k in keys},
+                       f"{label}: the run's statistics")
     if got.no_ttft:
         raise Mismatch([], got.no_ttft, f"{label}: finished requests without a time to first token")
     if got.beams != expected.beams:
         raise Mismatch(expected.beams, got.beams, f"{label}: beam search's beams")
-
-
-def bound_steps(llm, limit: int) -> None:
-    """Make ``llm``'s engine core raise :class:`Mismatch` after ``limit`` steps, so that a
-    broken step loop fails a check instead of running forever (beam search has no limit)."""
-    core = llm.engine.core
-    step = core.step
-    count = 0
-
-    def bounded(*args, **kwargs):
-        nonlocal count
-        count += 1
-        if count > limit:
-            raise Mismatch(f"at most {limit} steps", "more", "the run did not finish")
-        return step(*args, **kwargs)
-
-    core.step = bounded
-
-
-def _beams(llm) -> list[list[int]]:
-    from minivllm import BeamSearchParams
-
-    bound_steps(llm, 100)
-    out = llm.beam_search(
-        ["Tom went to the market and"], BeamSearchParams(beam_width=2, max_tokens=6)
-    )[0]
-    return [list(s.token_ids) for s in out.sequences]
 
 
 def serve_engine_trace(step_loop: type | None) -> Served:
@@ -541,21 +328,20 @@ def serve_engine_trace(step_loop: type | None) -> Served:
     with ``LLM(engine_core=step_loop)`` over minivllm's scheduler (committing left to the core)
     and paged KV cache manager; ``None``: minivllm's own engine."""
     from minivllm import LLM
-    from minivllm.course.core_replay import CoreCommitsScheduler, LoggedKV
+    from minivllm.course.core_replay import LoggedKV, LoggingScheduler
     from minivllm.course.runtime import one_cpu_thread
 
-    args = dict(
-        max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET
-    )
+    args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET)
+
     def make():
         if step_loop is None:
             return LLM(num_kv_blocks=POOLS["prefix"], **args)
-        kv = LoggedKV(POOLS["prefix"], BLOCK_SIZE)
-        return LLM(engine_core=step_loop, scheduler=CoreCommitsScheduler, kv_cache=kv, debug_checks=True, **args)
+        return LLM(engine_core=step_loop, scheduler=LoggingScheduler,
+                   kv_cache=LoggedKV(POOLS["prefix"], BLOCK_SIZE), debug_checks=True, **args)
 
     with one_cpu_thread():
         served = serve(make(), PREFIX_FORKS_AND_PREEMPTION)
-        served.beams = _beams(make())
+        served.beams = beam_search(make(), ["Tom went to the market and"], width=2, max_tokens=6, max_steps=100)[0]
     return served
 
 
@@ -576,26 +362,14 @@ def run_engine(engine: Engine) -> list[CapstoneRun]:
 
     runs = []
     with one_cpu_thread():
-        budget = {"max_num_batched_tokens": TOKEN_BUDGET} if engine.chunked_prefill else {}
-        pool = POOLS["chunks"] if engine.preempts else 64
-        runs.append(
-            CapstoneRun(
-                "your engine",
-                engine,
-                serve(engine.llm(pool, **budget), CHUNKS_AND_PREEMPTION),
-                serve(engine.minivllm_llm(pool, **budget), CHUNKS_AND_PREEMPTION),
-            )
-        )
-        under = engine.under_minivllm_scheduler()
-        budget = {"max_num_batched_tokens": TOKEN_BUDGET}
-        runs.append(
-            CapstoneRun(
-                "under minivllm's scheduler",
-                under,
-                serve(under.llm(POOLS["prefix"], **budget), PREFIX_FORKS_AND_PREEMPTION),
-                serve(under.minivllm_llm(POOLS["prefix"], **budget), PREFIX_FORKS_AND_PREEMPTION),
-            )
-        )
+        for label, parts, trace, pool in (
+            ("your engine", engine, CHUNKS_AND_PREEMPTION, POOLS["chunks"] if engine.preempts else 64),
+            ("under minivllm's scheduler", engine.under_minivllm_scheduler(), PREFIX_FORKS_AND_PREEMPTION,
+             POOLS["prefix"]),
+        ):
+            budget = {"max_num_batched_tokens": TOKEN_BUDGET} if parts.chunked_prefill else {}
+            runs.append(CapstoneRun(label, parts, serve(parts.llm(pool, **budget), trace),
+                                    serve(parts.minivllm_llm(pool, **budget), trace)))
     return runs
 
 
@@ -607,15 +381,7 @@ def check_engine(engine: Engine) -> list[CapstoneRun]:
         compare_served(run.minivllm, run.yours, run.label)
     first, second = runs[0].minivllm, runs[1].minivllm
     if engine.preempts and first.summary["preemptions"] == 0:
-        raise AssertionError(
-            "the chunk/preemption trace no longer preempts: retune POOLS['chunks']"
-        )
-    if (
-        second.summary["preemptions"] == 0
-        or second.summary["prefill_tokens_skipped"] == 0
-        or second.cow_copies == 0
-    ):
-        raise AssertionError(
-            f"the prefix/fork trace lost a feature: {second.summary}, {second.cow_copies} copies"
-        )
+        raise AssertionError("the chunk/preemption trace no longer preempts: retune POOLS['chunks']")
+    if second.summary["preemptions"] == 0 or second.summary["prefill_tokens_skipped"] == 0 or second.cow_copies == 0:
+        raise AssertionError(f"the prefix/fork trace lost a feature: {second.summary}, {second.cow_copies} copies")
     return runs

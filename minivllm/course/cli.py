@@ -1,4 +1,5 @@
-"""``minivllm grade`` and ``minivllm course make-exercises`` (hooked into ``minivllm.cli``)."""
+"""``minivllm grade``, ``minivllm hint`` and ``minivllm course make-exercises`` (hooked into
+``minivllm.cli``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ def add_commands(sub) -> None:
     grade.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
     grade.add_argument("-q", "--quiet", action="store_true", help="one line per exercise")
     grade.set_defaults(func=_grade)
+
+    hint = sub.add_parser("hint", help="the next hint of an exercise (counted on the scoreboard)")
+    hint.add_argument("exercise", help="exercise name or number, e.g. ex04 or 4")
+    hint.add_argument("--about", default=None, help="the next hint about this (a function name, say)")
+    hint.add_argument("--review", action="store_true", help="show the hints already seen again")
+    hint.set_defaults(func=_hint)
 
     course = sub.add_parser("course", help="course maintenance")
     course_sub = course.add_subparsers(dest="course_command", required=True)
@@ -29,13 +36,27 @@ def _grade(args: argparse.Namespace) -> int:
     for r in reports:
         if args.quiet:
             mark = "✓" if r.passed else "✗"
-            print(f"{mark} {r.exercise:<24} {r.num_passed:>3}/{len(r.results)}")
+            hints = f"  ({r.hints[0]} of {r.hints[1]} hints used)" if r.hints and r.hints[0] else ""
+            print(f"{mark} {r.exercise:<24} {r.num_passed:>3}/{len(r.results)}{hints}")
         else:
             print(r.render(verbose=True))
             print()
     done = sum(r.passed for r in reports)
-    print(f"{done}/{len(reports)} exercises complete, {passed}/{total} checks passed")
+    used = sum(r.hints[0] for r in reports if r.hints)
+    hints = f", {used} hint{'s' if used != 1 else ''} used" if any(r.hints for r in reports) else ""
+    print(f"{done}/{len(reports)} exercises complete, {passed}/{total} checks passed{hints}")
     return 0 if done == len(reports) else 1
+
+
+def _hint(args: argparse.Namespace) -> int:
+    from minivllm import course
+
+    try:
+        course.hint(args.exercise, about=args.about, review=args.review)
+    except (KeyError, ValueError) as err:
+        print(err.args[0] if err.args else err, file=sys.stderr)
+        return 2
+    return 0
 
 
 def _make_exercises(args: argparse.Namespace) -> int:

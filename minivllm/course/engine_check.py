@@ -12,9 +12,15 @@ looping.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from minivllm.course.grading import Mismatch
+from minivllm.course.harness import (
+    TraceRequest,
+    TraceResult,
+    TraceRun,
+    expect_same_steps,
+    expect_same_tokens,
+)
+from minivllm.course.reference import DECISIONS
 from minivllm.course.runtime import configure
 from minivllm.course.scheduling import ProtocolOnlyKV
 
@@ -32,20 +38,6 @@ STORY_PROMPTS = [
 ]
 
 
-@dataclass
-class Served:
-    """One run: the tokens and text of each request, and every step's decisions."""
-
-    tokens: dict[str, list[int]] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)
-    decisions: list[list[tuple[str, int]]] = field(default_factory=list)
-    preempted: list[list[str]] = field(default_factory=list)
-
-    @property
-    def num_preemptions(self) -> int:
-        return sum(len(p) for p in self.preempted)
-
-
 def protocol_only(factory):
     """``factory(config, kv)`` given only the ``KVCacheManager`` protocol of ``kv``."""
 
@@ -55,69 +47,42 @@ def protocol_only(factory):
     return build
 
 
+def _run(scheduler, prompts, arrivals, max_tokens, max_steps, ignore_eos, engine_args) -> TraceRun:
+    from minivllm import LLM
+
+    _, dtype = configure()
+    args = dict(dtype=dtype, seed=0, enable_prefix_caching=False, debug_checks=True)
+    args.update(engine_args)
+    arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
+    wanted = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    trace = [TraceRequest(f"p{i}", p, wanted[i], arrivals[i], ignore_eos=ignore_eos) for i, p in enumerate(prompts)]
+    return TraceRun(LLM(scheduler=scheduler, **args), trace, max_steps=max_steps)
+
+
 def serve(
     scheduler,
-    prompts: Sequence[str] = STORY_PROMPTS,
+    prompts: Sequence[str | list[int]] = STORY_PROMPTS,
     arrivals: Sequence[int] | None = None,
     max_tokens: int | Sequence[int] = 16,
     max_steps: int = 500,
     ignore_eos: bool = False,
     **engine_args,
-) -> Served:
-    """Serve ``prompts`` (text or token ids; request ``i`` joins before step ``arrivals[i]``,
+) -> TraceResult:
+    """Serve ``prompts`` (text or token ids; request ``p{i}`` joins before step ``arrivals[i]``,
     wants ``max_tokens`` or ``max_tokens[i]`` tokens) greedily with
-    ``LLM(scheduler=scheduler, **engine_args)``; record what every step decided."""
-    from minivllm import LLM, SamplingParams
-
-    _, dtype = configure()
-    args = dict(dtype=dtype, seed=0, enable_prefix_caching=False, debug_checks=True)
-    args.update(engine_args)
-    engine = LLM(scheduler=scheduler, **args).engine
-    served = Served()
-    sched = engine.core.scheduler
-    plan = sched.schedule
-
-    def recording_schedule():
-        out = plan()
-        served.decisions.append(out.decisions())
-        served.preempted.append([r.request_id for r in out.preempted])
-        return out
-
-    sched.schedule = recording_schedule
-    arrivals = list(arrivals) if arrivals is not None else [0] * len(prompts)
-    pending = sorted((t, i) for i, t in enumerate(arrivals))
-    wanted = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
-    step = 0
-    while pending or engine.has_unfinished_requests():
-        while pending and pending[0][0] <= step:
-            _, i = pending.pop(0)
-            engine.add_request(f"p{i}", prompts[i], SamplingParams(temperature=0.0, max_tokens=wanted[i], ignore_eos=ignore_eos))
-        if step >= max_steps:
-            raise Mismatch("every request finished", f"{len(engine.core.scheduler.requests)} still unfinished",
-                           f"after {max_steps} steps")
-        for out in engine.step():
-            if out.finished:
-                served.tokens[out.request_id] = list(out.outputs[0].token_ids)
-                served.texts[out.request_id] = out.outputs[0].text
-        step += 1
-    return served
+    ``LLM(scheduler=scheduler, **engine_args)``; every step is recorded."""
+    return _run(scheduler, prompts, arrivals, max_tokens, max_steps, ignore_eos, engine_args).finish()
 
 
-def compare_on_engine(factory, arrivals: Sequence[int], label: str = "", **engine_args) -> tuple[Served, Served]:
-    """Serve :data:`STORY_PROMPTS` with the student's scheduler and with minivllm's; raise
-    :class:`Mismatch` at the first step whose decisions differ, or at the first request whose
-    tokens differ. Returns ``(student's run, minivllm's run)``."""
-    reference = serve("continuous", arrivals=arrivals, **engine_args)
-    mine = serve(protocol_only(factory), arrivals=arrivals, **engine_args)
-    where = f"{label}: " if label else ""
-    settings = ", ".join(f"{k}={v}" for k, v in engine_args.items())
-    for t, (want, got) in enumerate(zip(reference.decisions, mine.decisions, strict=False)):
-        if want != got:
-            raise Mismatch(want, got, f"{where}LLM({settings}), step {t}, (request, tokens)")
-    if len(reference.decisions) != len(mine.decisions):
-        raise Mismatch(f"{len(reference.decisions)} steps", f"{len(mine.decisions)} steps", f"{where}LLM({settings})")
-    for rid, want in reference.tokens.items():
-        got = mine.tokens.get(rid)
-        if got != want:
-            raise Mismatch(want, got, f"{where}greedy tokens of request {rid}")
-    return mine, reference
+def compare_on_engine(factory, arrivals: Sequence[int], label: str = "", max_tokens: int = 16,
+                      **engine_args) -> tuple[TraceResult, TraceResult]:
+    """Serve :data:`STORY_PROMPTS` with minivllm's scheduler, then with the student's, step by
+    step; raise at the first step whose decisions differ (the batch, the preempted, the ended,
+    the KV blocks in use), or at the first request whose tokens differ. Returns ``(student's
+    run, minivllm's run)``."""
+    reference = serve("continuous", arrivals=arrivals, max_tokens=max_tokens, **engine_args)
+    mine = _run(protocol_only(factory), STORY_PROMPTS, arrivals, max_tokens, 500, False, engine_args)
+    settings = "LLM(" + ", ".join(f"{k}={v}" for k, v in engine_args.items()) + ")"
+    expect_same_steps(reference, mine, DECISIONS, label, settings)
+    expect_same_tokens(reference.tokens, mine.result.tokens, f"{label + ': ' if label else ''}greedy tokens")
+    return mine.result, reference

@@ -15,6 +15,7 @@ independently of the reference solution. Each exercise has a list of cases in
 from __future__ import annotations
 
 import math
+import textwrap
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 PASS, FAIL, TODO, ERROR = "pass", "fail", "todo", "error"
+RENDER_WIDTH = 100  # columns of the scoreboard's details
 _MARK = {PASS: "✓", FAIL: "✗", TODO: "·", ERROR: "!"}
 
 
@@ -35,7 +37,14 @@ class Mismatch(AssertionError):
 
 
 class CheckFailed(AssertionError):
-    """Raised by :func:`minivllm.course.check` when any case did not pass."""
+    """Raised by :func:`minivllm.course.check` when a case got a wrong answer or raised.
+
+    In a notebook the scoreboard printed above it says which case and why, so the error shows
+    as this one line instead of a traceback through the course's code (IPython asks an
+    exception for ``_render_traceback_`` before it formats one)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CheckFailed: {self}"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ class Report:
     exercise: str
     source: str  # "exercises" or "solutions" (or a path)
     results: list[CaseResult] = field(default_factory=list)
+    hints: tuple[int, int] | None = None  # (seen, written) for a student's file; None: not counted
+    shown: bool = field(default=False, repr=False, compare=False)  # the scoreboard was printed
 
     @property
     def num_passed(self) -> int:
@@ -72,6 +83,16 @@ class Report:
     @property
     def passed(self) -> bool:
         return bool(self.results) and self.num_passed == len(self.results)
+
+    @property
+    def wrong(self) -> bool:
+        """A case failed or raised: a wrong answer, not work still to do."""
+        return any(r.status in (FAIL, ERROR) for r in self.results)
+
+    @property
+    def started(self) -> bool:
+        """Some case is no longer a stub's ``todo``."""
+        return any(r.status != TODO for r in self.results)
 
     def counts(self) -> dict[str, int]:
         out = {PASS: 0, FAIL: 0, TODO: 0, ERROR: 0}
@@ -82,22 +103,33 @@ class Report:
     def __repr__(self) -> str:
         return f"<Report {self.exercise} ({self.source}): {self.num_passed}/{len(self.results)} passed>"
 
+    def _ipython_display_(self) -> None:
+        """A check cell ends with ``course.check(ex)``, which printed the scoreboard already:
+        the notebook then shows nothing more (a report not yet shown prints its scoreboard)."""
+        if not self.shown:
+            print(self.render())
+
     def render(self, verbose: bool = True) -> str:
         """The scoreboard as text: one line per case, details under the ones that failed."""
-        lines = [f"{self.exercise}  ({self.source})"]
+        hints = f"; {self.hints[0]} of {self.hints[1]} hints used" if self.hints and self.hints[1] else ""
+        lines = [f"{self.exercise}  ({self.source}{hints})"]
         todo_shown: set[str] = set()
         for r in self.results:
             lines.append(f"  {_MARK[r.status]} {r.status:<5} {r.case.func} · {r.case.name}")
             if r.passed or not verbose:
                 continue
-            if r.status == TODO:  # the stub's message once per function is enough
-                if r.case.func in todo_shown:
+            if r.status == TODO:  # each stub's message once is enough
+                if r.message in todo_shown:
                     continue
-                todo_shown.add(r.case.func)
+                todo_shown.add(r.message)
             for piece in r.message.splitlines():
-                lines.append(f"          {piece}")
+                # wrapped at spaces: a notebook breaks a long output line in mid-word
+                lines.extend(textwrap.wrap(piece, RENDER_WIDTH, initial_indent=" " * 10,
+                                           subsequent_indent=" " * 12, break_long_words=False,
+                                           break_on_hyphens=False) or [""])
             if r.status in (FAIL, ERROR) and r.case.hint:
-                lines.append(f"          hint: {r.case.hint}")
+                lines.extend(textwrap.wrap(f"hint: {r.case.hint}", RENDER_WIDTH, initial_indent=" " * 10,
+                                           subsequent_indent=" " * 16, break_long_words=False))
         lines.append(self.summary_line())
         return "\n".join(lines)
 

@@ -25,26 +25,36 @@ def use_solutions() -> bool:
 def course_root() -> Path:
     """The repository root: ``$MINIVLLM_COURSE_ROOT``, else the folder above the package
     (an editable install or a clone), else the nearest parent of the working directory that
-    holds ``solutions/``."""
+    holds ``exercises/``. A copy may hold ``exercises/`` alone (no reference solutions)."""
     env = os.environ.get(ROOT_ENV)
     if env:
         return Path(env).resolve()
     here = Path(__file__).resolve().parents[2]
-    if (here / "solutions").is_dir():
+    if (here / "solutions").is_dir() or (here / "exercises").is_dir():
         return here
     cwd = Path.cwd().resolve()
     for folder in (cwd, *cwd.parents):
-        if (folder / "solutions").is_dir() and (folder / "exercises").is_dir():
+        if (folder / "exercises").is_dir():
             return folder
     raise FileNotFoundError(
-        "cannot find the course folders (solutions/ and exercises/); run from the repository "
-        f"or set {ROOT_ENV} to its path"
+        "cannot find the course folders (exercises/, and solutions/ for the reference); run from "
+        f"the repository or set {ROOT_ENV} to its path"
     )
 
 
+def has_solutions(root: Path | None = None) -> bool:
+    """Whether this copy of the course has the reference solutions (``solutions/``)."""
+    return bool(_names_in((root or course_root()) / "solutions"))
+
+
 def exercise_names(root: Path | None = None) -> list[str]:
-    """Every exercise, from the reference files ``solutions/exNN_*.py``, in order."""
-    folder = (root or course_root()) / "solutions"
+    """Every exercise, in order: the reference files ``solutions/exNN_*.py``, or, in a copy
+    without them, the student's ``exercises/exNN_*.py``."""
+    root = root or course_root()
+    return _names_in(root / "solutions") or _names_in(root / "exercises")
+
+
+def _names_in(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("ex[0-9][0-9]_*.py"))
 
 
@@ -59,7 +69,8 @@ def resolve_name(name: str, root: Path | None = None) -> str:
     matches = [n for n in names if n.split("_")[0] == key]
     if len(matches) == 1:
         return matches[0]
-    raise KeyError(f"no exercise called {name!r}; exercises: {', '.join(names)}")
+    listed = ", ".join(names) or f"none (no exNN_*.py in {(root or course_root())}/solutions or exercises)"
+    raise KeyError(f"no exercise called {name!r}; exercises: {listed}")
 
 
 def load(name: str, solutions: bool | None = None, root: Path | None = None) -> ModuleType:
@@ -74,7 +85,9 @@ def load(name: str, solutions: bool | None = None, root: Path | None = None) -> 
     folder = "solutions" if (use_solutions() if solutions is None else solutions) else "exercises"
     path = root / folder / f"{name}.py"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; run `minivllm course make-exercises`")
+        fix = ("this copy of the course has no reference solutions" if folder == "solutions"
+               else "run `minivllm course make-exercises`")
+        raise FileNotFoundError(f"{path} does not exist; {fix}")
     return load_path(path, name, folder)
 
 

@@ -28,11 +28,9 @@ def engine_dtype(on: str | None = None) -> str:
     """The dtype name to give ``LLM(dtype=...)`` on device ``on`` (default: :func:`device`)."""
     import torch
 
-    on = on or device()
-    if on == "cpu":
-        return "float32"
-    major, _ = torch.cuda.get_device_capability()
-    return "bfloat16" if major >= 8 and torch.cuda.is_bf16_supported() else "float16"
+    from minivllm.model.loader import auto_dtype  # the engine's rule for dtype="auto"
+
+    return str(auto_dtype(torch.device(on or device()))).removeprefix("torch.")
 
 
 def configure() -> tuple[str, str]:

@@ -32,7 +32,8 @@ REPO_URL = "{REPO_URL}"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/minivllm"):
         subprocess.run(["git", "clone", "--depth", "1", REPO_URL, "/content/minivllm"], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"]
+        subprocess.run(pip, check=True)
     os.chdir("/content/minivllm/notebooks")
     sys.path.insert(0, "/content/minivllm")
 

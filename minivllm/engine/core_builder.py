@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from minivllm.attention import AttentionBackend
 from minivllm.config import (
     EngineArgs,
     build_engine_core,
@@ -25,7 +24,6 @@ from minivllm.config import (
     resolve_num_kv_blocks,
 )
 from minivllm.core.engine_core import EngineCore
-from minivllm.core.interfaces import check_implements
 from minivllm.core.messages import CoreReady
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.sampler import Sampler
@@ -63,12 +61,8 @@ class BuiltCore:
 def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> BuiltCore:
     """Load the checkpoint at ``model_path`` and build the KV cache, the model runner and the
     step loop that ``args`` describe. ``pad_token_id`` fills static batching's padding rows."""
-    custom_backend = not isinstance(args.attention_backend, str)
     model, _ = load_model(model_path, dtype=args.dtype, device=args.device,
-                          attention_backend="torch" if custom_backend else args.attention_backend)
-    if custom_backend:
-        check_implements(args.attention_backend, AttentionBackend, "attention_backend")
-        model.set_attention_backend(args.attention_backend)
+                          attention_backend=args.attention_backend)
     device = model.lm_head.weight.device
     set_cpu_threads(args, model.config, device)
     cfg = model.config
@@ -78,12 +72,6 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
     scheduler = build_scheduler(args, max_model_len, pool.num_kv_blocks)
     kv = scheduler.kv
     pool.check_memory(kv.num_blocks)
-    backend = model.attention_layers[0].backend
-    if getattr(backend, "name", "") == "triton" and kv.block_size < 16:
-        raise ValueError(
-            f"block_size={kv.block_size} is below the Triton kernels' minimum of 16; use "
-            f"block_size >= 16 or attention_backend='torch'"
-        )
     sampler = Sampler(seed=args.seed)
     runner = ModelRunner(model, kv.num_blocks, kv.block_size, sampler,
                          pad_token_id if pad_token_id is not None else 0, kv_dtype)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.attention import KVCacheRequirements
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.model.config import ModelConfig
 from minivllm.model.rope import RotaryEmbedding, apply_rotary
@@ -120,6 +121,11 @@ class LlamaFamilyModel(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.model.layers]
 
+    @property
+    def attention_backend(self):
+        """The backend every attention layer uses (one per model)."""
+        return self.model.layers[0].self_attn.backend
+
     def set_attention_backend(self, backend) -> None:
         for attn in self.attention_layers:
             attn.backend = backend
@@ -134,14 +140,16 @@ class LlamaFamilyModel(nn.Module):
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Allocate zeroed paged caches for every layer, bind them, and return them."""
+        """Allocate zeroed paged caches for every layer, bind them, and return them. A backend
+        with requirements on its cache (:class:`~minivllm.attention.KVCacheRequirements`) is
+        asked first, and may refuse."""
         p = self.lm_head.weight
+        dtype, device = dtype or p.dtype, torch.device(device or p.device)
+        if isinstance(self.attention_backend, KVCacheRequirements):
+            self.attention_backend.check_kv_cache(block_size, dtype, device)
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         caches = [
-            (
-                torch.zeros(shape, dtype=dtype or p.dtype, device=device or p.device),
-                torch.zeros(shape, dtype=dtype or p.dtype, device=device or p.device),
-            )
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(self.config.num_layers)
         ]
         self.bind_kv_cache(caches)

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from minivllm.attention import get_attention_backend
+from minivllm.attention import AttentionBackend, get_attention_backend
+from minivllm.core.interfaces import check_implements
 from minivllm.model.config import TINY_MODEL_DIR, ModelConfig
 from minivllm.model.llama import LlamaFamilyModel
 
@@ -45,15 +46,28 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
         ) from exc
 
 
+BF16_MIN_CAPABILITY = (8, 0)  # Ampere: the first NVIDIA GPUs with bfloat16 arithmetic
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """The number format ``dtype="auto"`` means on ``device``: float32 on a CPU (CPU half
+    precision is slow); on a CUDA GPU bfloat16 from compute capability 8.0 on (A100, L4, H100...),
+    float16 below it (a T4 is sm_75). The capability decides, not
+    ``torch.cuda.is_bf16_supported()``, which says True on a T4: torch emulates bfloat16 there,
+    but the GPU has no bfloat16 arithmetic, so every bfloat16 operation is converted to and from
+    float32 on the way."""
+    if device.type != "cuda":
+        return torch.float32
+    capability = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if tuple(capability) >= BF16_MIN_CAPABILITY else torch.float16
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``auto``: float32 on a CPU (CPU half precision is slow); on a GPU 16-bit, whatever the
-    checkpoint stores: bfloat16 where the GPU computes in it, float16 otherwise (a T4)."""
+    """A ``torch.dtype`` as given, a name from ``_DTYPES``, or ``"auto"`` (:func:`auto_dtype`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return auto_dtype(device)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
@@ -126,14 +140,20 @@ def load_model(
     model: str | os.PathLike | None = None,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
-    attention_backend: str = "auto",
+    attention_backend: str | AttentionBackend = "auto",
 ) -> tuple[LlamaFamilyModel, Path]:
-    """Build the decoder for a checkpoint and load its weights. Returns ``(model, path)``."""
+    """Build the decoder for a checkpoint and load its weights. Returns ``(model, path)``.
+    ``attention_backend``: a name for :func:`~minivllm.attention.get_attention_backend`, or an
+    object implementing the protocol (a plug-in), used as it is."""
     path = resolve_model_path(model)
     cfg = ModelConfig.from_file(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = resolve_dtype(dtype, device)
-    backend = get_attention_backend(attention_backend, device.type)
+    if isinstance(attention_backend, str):
+        backend = get_attention_backend(attention_backend, device.type)
+    else:
+        check_implements(attention_backend, AttentionBackend, "attention_backend")
+        backend = attention_backend
     with torch.device("meta"):
         net = LlamaFamilyModel(cfg, backend)
     net = net.to_empty(device=device).to(torch_dtype)

@@ -82,20 +82,20 @@ def test_meets_the_protocol(ex):
 def test_an_empty_step(ex):
     p = make_step([Seq(new=2, context=3)])
     meta = AttentionMetadata.build([], [], [], [], 16, device=DEVICE)
-    out = ex.PagedAttentionBackend().forward(p.query[:0], p.key[:0], p.value[:0], p.k_cache,
-                                             p.v_cache, meta, 0.1)
+    out = ex.PagedAttentionBackend().forward(p.query[:0], p.key[:0], p.value[:0], *p.caches(), meta, 0.1)
     assert out.shape == (0, 6, 32)
 
 
 def test_bad_inputs_are_refused(ex):
     p = make_step([Seq(new=2, context=3), Seq(new=1, context=20)])
+    k_cache, v_cache = p.caches()
     backend = ex.PagedAttentionBackend()
     with pytest.raises(ValueError, match="num_heads=5 is not a multiple of num_kv_heads=2"):
-        backend.forward(p.query[:, :5], p.key, p.value, p.k_cache, p.v_cache, p.meta, 0.1)
+        backend.forward(p.query[:, :5], p.key, p.value, k_cache, v_cache, p.meta, 0.1)
     with pytest.raises(ValueError, match="add up to 3 rows, the batch has 2"):
-        backend.forward(p.query[:2], p.key[:2], p.value[:2], p.k_cache, p.v_cache, p.meta, 0.1)
+        backend.forward(p.query[:2], p.key[:2], p.value[:2], k_cache, v_cache, p.meta, 0.1)
     with pytest.raises(ValueError, match="k_cache .* and v_cache"):
-        backend.forward(p.query, p.key, p.value, p.k_cache, p.v_cache[:, :8], p.meta, 0.1)
+        backend.forward(p.query, p.key, p.value, k_cache, v_cache[:, :8], p.meta, 0.1)
     bad = AttentionMetadata.build([3], [2], [[0]], [0, 1, 2], 16, device=DEVICE)
     with pytest.raises(ValueError, match="query_len 3 must be in 0..seq_len \\(2\\)"):
-        backend.forward(p.query[:3], p.key[:3], p.value[:3], p.k_cache, p.v_cache, bad, 0.1)
+        backend.forward(p.query[:3], p.key[:3], p.value[:3], k_cache, v_cache, bad, 0.1)

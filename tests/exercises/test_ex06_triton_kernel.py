@@ -1,6 +1,6 @@
 """Grade exercise 06 (`pytest -m ex06`): beyond the notebook's cases (`test_cases.py`),
-random batches against the kernel tests' own float64 reference, other dtypes, the backend the
-engine uses, and a compile for real GPUs.
+random batches against the shared float64 reference (`minivllm.attention.testing`), other
+dtypes, the backend the engine uses, and a compile for real GPUs.
 
 Imports `exercises/ex06_triton_kernel.py` (your work) by default, `solutions/` with
 `MINIVLLM_SOLUTIONS=1` or `--solutions`. Run as a script (with `TRITON_INTERPRET=0`) it compiles
@@ -21,51 +21,46 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from minivllm import course
+from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
+from minivllm.attention.testing import assert_matches_reference, decode_problem
 
 NAME = "ex06_triton_kernel"
 KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
-sys.path.insert(0, str(KERNELS_DIR))  # the kernel tests' helpers, also when run as a script
-
-from paged_kv_helpers import (  # noqa: E402
-    DEVICE,
-    assert_close_to_reference,
-    make_batch,
-    reference_attention,
-)
+sys.path.insert(0, str(KERNELS_DIR))  # gpu_compile_check, also when run as a script
 
 
-def run(ex, batch):
-    return ex.paged_decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens_t,
-                           batch.scale)
+def run(ex, problem):
+    k_cache, v_cache = problem.caches(after=True)
+    return ex.paged_decode(problem.query, k_cache, v_cache, problem.block_tables, problem.seq_lens, problem.scale)
 
 
-# --- random batches against tests/kernels' reference (gather + einsum, float64) ------------------
+# --- random batches against float64 SDPA on contiguous tensors (minivllm.attention.testing) ------
 @st.composite
 def decode_batches(draw):
     num_kv_heads = draw(st.sampled_from([1, 2]))
     group = draw(st.sampled_from([1, 3, 4]))
     block_size = draw(st.sampled_from([16, 32]))
     seq_lens = draw(st.lists(st.integers(1, 3 * block_size + 1), min_size=1, max_size=4))
-    shared = draw(st.integers(0, 2))
+    shared = draw(st.integers(0, 2))  # leading blocks every sequence shares with the first
     return dict(seq_lens=seq_lens, num_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
-                block_size=block_size, shared_prefix_blocks=shared, seed=draw(st.integers(0, 10_000)))
+                block_size=block_size, share={i: (0, shared) for i in range(1, len(seq_lens))},
+                seed=draw(st.integers(0, 10_000)))
 
 
 # No shrinking: every example costs interpreter time, and the failing batch is printed anyway.
 @settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(decode_batches())
 def test_random_batches_match_reference(ex, spec):
-    seq_lens = spec.pop("seq_lens")
-    batch = make_batch([1] * len(seq_lens), seq_lens, head_dim=32, dtype=torch.float32, **spec)
-    assert_close_to_reference(run(ex, batch), reference_attention(batch), torch.float32)
+    problem = decode_problem(spec.pop("seq_lens"), head_dim=32, dtype=torch.float32, **spec)
+    assert_matches_reference(run(ex, problem), problem)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_half_precision_caches(ex, dtype):
     """The arithmetic is fp32 whatever the cache holds; only the output is rounded."""
-    batch = make_batch([1, 1, 1], [1, 16, 45], num_heads=6, num_kv_heads=2, head_dim=32, block_size=16,
-                       dtype=dtype, seed=3)
-    assert_close_to_reference(run(ex, batch), reference_attention(batch), dtype)
+    problem = decode_problem([1, 16, 45], num_heads=6, num_kv_heads=2, head_dim=32, block_size=16,
+                             dtype=dtype, seed=3)
+    assert_matches_reference(run(ex, problem), problem)
 
 
 # --- the backend the engine calls ----------------------------------------------------------------
@@ -110,9 +105,8 @@ def test_backend_matches_minivllm_reference_backend(ex, query_lens, seq_lens, ta
 
 
 def test_bad_inputs_are_refused(ex):
-    batch = make_batch([1], [20], num_heads=6, num_kv_heads=2, head_dim=32, block_size=16,
-                       dtype=torch.float32)
-    q, kc, vc, bt, sl = batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens_t
+    problem = decode_problem([20], num_heads=6, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
+    (kc, vc), q, bt, sl = problem.caches(after=True), problem.query, problem.block_tables, problem.seq_lens
     with pytest.raises(ValueError, match="block_size .* got 8"):
         ex.paged_decode(q, kc[:, :8], vc[:, :8], bt, sl, 0.1)
     with pytest.raises(ValueError, match="num_heads=5 is not a multiple of num_kv_heads=2"):

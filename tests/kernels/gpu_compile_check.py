@@ -59,7 +59,8 @@ def prefill_args(dtype: str, head_dim: int, group: int, block_size: int) -> dict
     group_pad = triton.next_power_of_2(group)
     return dict(
         out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_cache_ptr=f"*{dtype}", v_cache_ptr=f"*{dtype}",
-        block_tables_ptr="*i32", query_start_loc_ptr="*i32", seq_lens_ptr="*i32", scale=0.1,
+        block_tables_ptr="*i32", query_start_loc_ptr="*i32", seq_lens_ptr="*i32", readable_lens_ptr="*i32",
+        scale=0.1,
         **_strides("q", "thd"), **_strides("k", "bthd"), **_strides("v", "bthd"), stride_bts=64,
         **_strides("o", "thd"),
         GROUP=("c", group), GROUP_PAD=("c", group_pad), BLOCK_Q=("c", max(1, BLOCK_M_TARGET // group_pad)),

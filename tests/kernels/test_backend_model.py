@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_kv_helpers import DEVICE
 
 from minivllm.attention import AttentionMetadata, TorchAttentionBackend
+from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
 
 model_mod = pytest.importorskip("minivllm.model")
 LlamaFamilyModel, ModelConfig = model_mod.LlamaFamilyModel, model_mod.ModelConfig
@@ -91,10 +91,11 @@ def test_triton_backend_logits_match_torch_backend(name):
 
 # The same requests through the whole engine (scheduler, paged KV manager, model runner) with
 # each backend. Greedy token ids must be identical.
-ENGINE_SETUPS = {
+ENGINE_SETUPS = {  # a small pool: on a GPU the default would take half its memory
     "prefix_caching_chunked": dict(max_num_batched_tokens=24),  # prompts split into chunks
     "static_batching": dict(scheduler="static", max_num_seqs=4),  # padded prompts, padding slots
 }
+POOL = dict(num_kv_blocks=32, max_model_len=128)
 
 
 @pytest.mark.parametrize("setup", list(ENGINE_SETUPS))
@@ -109,7 +110,7 @@ def test_engine_greedy_tokens_match_torch_backend(setup, tmp_path):
     tokens = {}
     for backend in ("torch", "triton"):
         llm = LLM(str(tmp_path), attention_backend=backend, device=DEVICE.type, dtype="float32",
-                  **ENGINE_SETUPS[setup])
+                  **ENGINE_SETUPS[setup], **POOL)
         tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens["triton"] == tokens["torch"]
     assert all(len(t) == 6 for t in tokens["triton"])

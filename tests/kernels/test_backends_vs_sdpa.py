@@ -3,155 +3,70 @@
 A step is a list of rows ``(query_len, context_len)`` in any order: decodes (query 1), whole
 prompts (context 0), and chunks after cached context (a later chunk, or a prefix-cache hit).
 Each sequence's K/V is generated *contiguously*, then scattered into a paged cache through a
-random block table; the reference never looks at the cache or the tables: it is
-``torch.nn.functional.scaled_dot_product_attention`` in float64 on the contiguous tensors, with
-K/V heads repeated for GQA and the causal mask offset by the context.
+shuffled block table (``minivllm.attention.testing``); the reference never looks at the cache or
+the tables: it is ``torch.nn.functional.scaled_dot_product_attention`` in float64 on the
+contiguous tensors, with K/V heads repeated for GQA and the causal mask offset by the context.
 
-Cache slots that hold no one's context start stale: key 0 (so such a slot would get a score of
-0, an ordinary weight among unit-scale scores) and value ``STALE`` = 50. Finite, as in the engine
-(caches start zeroed and only ever receive finite K/V; the PyTorch backends rely on that, since
-``0 * NaN`` is NaN), but a backend that weights a slot it should not (or reads a new token's
-slot before writing it) moves its output by about ``50 / seq_len``, far beyond the tolerance.
+Every slot a sequence does not own holds NaN (or inf): the tails of last blocks, spare blocks,
+this step's slots until the backend writes them, and the positions of padding rows, which are
+never written. A backend that lets one into a real row's result -- by reading it, or by masking
+its score while multiplying its value by 0 -- gives NaN. That is the attention backend contract:
+a freed block keeps its previous owner's values, and they must not reach the next owner.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from paged_kv_helpers import DEVICE, TOLERANCES
 
 from minivllm.attention import AttentionMetadata, get_attention_backend
+from minivllm.attention.testing import (
+    PagedProblem,
+    Seq,
+    assert_cache_matches,
+    assert_matches_reference,
+    make_paged_problem,
+)
 
 TORCH_BACKENDS = ["torch", "torch_padded"]
 ALL_BACKENDS = [*TORCH_BACKENDS, "triton"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-STALE = 50.0  # the value that unowned cache slots hold (their key is 0)
 
 
-@dataclass
-class Step:
-    """One step's inputs, plus each sequence's contiguous K/V and queries for the reference."""
-
-    meta: AttentionMetadata
-    query: torch.Tensor  # [T, H, D]
-    key: torch.Tensor  # [T, KVH, D]: the new tokens' keys, to be written by the backend
-    value: torch.Tensor
-    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D]
-    v_cache: torch.Tensor
-    seq_k: list[torch.Tensor]  # per sequence [seq_len, KVH, D] float64 (dtype-rounded values)
-    seq_v: list[torch.Tensor]
-    rows: list[tuple[int, int]]  # (query_len, context_len)
-    real_rows: torch.Tensor  # [T] bool: False for padding rows (slot -1), whose output is unused
-    scale: float
-
-
-def make_step(
-    rows: list[tuple[int, int]],
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    dtype: torch.dtype,
-    seed: int = 0,
-    shared: tuple[int, int, int] | None = None,
-    padding: dict[int, int] | None = None,
-) -> Step:
-    """Build a step.
-
-    ``shared = (a, b, n)``: sequences ``a`` and ``b`` share their first ``n`` logical blocks
-    (same physical blocks, same K/V), as after a prefix-cache hit; those blocks must be context
-    of both. ``padding = {seq: n}``: the last ``n`` new tokens of ``seq`` have slot -1 (static
-    batching's padding, computed but never stored).
-    """
-    gen = torch.Generator().manual_seed(seed)
+def make_step(rows: list[tuple[int, int]], *, padding: dict[int, int] | None = None,
+              shared: tuple[int, int, int] | None = None, padding_fill: float = float("nan"),
+              **kwargs) -> PagedProblem:
+    """A step of ``(query_len, context_len)`` rows. ``padding = {seq: n}``: the last ``n`` of
+    ``seq``'s query rows are padding (slot -1), whose slots hold ``padding_fill``.
+    ``shared = (a, b, n)``: ``b`` starts with ``a``'s first ``n`` blocks, which must be cached
+    context of both."""
     padding = padding or {}
-
-    def randn(*shape):  # values rounded to dtype, kept in float64 for the reference
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype).double()
-
-    seq_lens = [q + c for q, c in rows]
-    seq_k = [randn(n, num_kv_heads, head_dim) for n in seq_lens]
-    seq_v = [randn(n, num_kv_heads, head_dim) for n in seq_lens]
-    needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(needed) + 3
-    free = torch.randperm(num_blocks, generator=gen).tolist()
-    tables = []
-    for n in needed:
-        tables.append(free[:n])
-        free = free[n:]
+    seqs = [Seq(new=q - padding.get(i, 0), context=c, pad=padding.get(i, 0)) for i, (q, c) in enumerate(rows)]
     if shared is not None:
         a, b, n = shared
-        assert min(rows[a][1], rows[b][1]) >= n * block_size, "shared blocks must be context of both"
-        tables[b][:n] = tables[a][:n]
-        seq_k[b][: n * block_size] = seq_k[a][: n * block_size]
-        seq_v[b][: n * block_size] = seq_v[a][: n * block_size]
-
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.zeros(shape), torch.full(shape, STALE)
-    slots, queries, keys, values, real = [], [], [], [], []
-    for i, ((query_len, context_len), table) in enumerate(zip(rows, tables, strict=True)):
-        for p in range(context_len):  # the context is in the cache before the step
-            k_cache[table[p // block_size], p % block_size] = seq_k[i][p].float()
-            v_cache[table[p // block_size], p % block_size] = seq_v[i][p].float()
-        num_pad = padding.get(i, 0)
-        for j, p in enumerate(range(context_len, context_len + query_len)):
-            is_pad = j >= query_len - num_pad
-            slots.append(-1 if is_pad else table[p // block_size] * block_size + p % block_size)
-            real.append(not is_pad)
-        queries.append(randn(query_len, num_heads, head_dim))
-        keys.append(seq_k[i][context_len:])
-        values.append(seq_v[i][context_len:])
-    meta = AttentionMetadata.build([q for q, _ in rows], seq_lens, tables, slots, block_size, device=DEVICE)
-    return Step(
-        meta=meta,
-        query=torch.cat(queries).to(DEVICE, dtype),
-        key=torch.cat(keys).to(DEVICE, dtype),
-        value=torch.cat(values).to(DEVICE, dtype),
-        k_cache=k_cache.to(DEVICE, dtype),
-        v_cache=v_cache.to(DEVICE, dtype),
-        seq_k=seq_k,
-        seq_v=seq_v,
-        rows=rows,
-        real_rows=torch.tensor(real),
-        scale=head_dim**-0.5,
-    )
+        assert min(rows[a][1], rows[b][1]) >= n * kwargs["block_size"], "shared blocks must be context of both"
+        kwargs["share"] = {b: (a, n)}
+    return make_paged_problem(seqs, padding=padding_fill, **kwargs)
 
 
-def sdpa_reference(step: Step) -> torch.Tensor:
-    """float64 SDPA per sequence on its contiguous K/V. Returns ``[T, H, D]`` on the CPU."""
-    outs, start = [], 0
-    for (query_len, context_len), k, v in zip(step.rows, step.seq_k, step.seq_v, strict=True):
-        q = step.query[start : start + query_len].double().cpu()
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        # new token j is at position context_len + j and sees keys 0 .. context_len + j
-        mask = torch.arange(context_len + query_len)[None, :] <= (context_len + torch.arange(query_len))[:, None]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=step.scale
-        )
-        outs.append(out.transpose(0, 1))
-        start += query_len
-    return torch.cat(outs)
-
-
-def run_backend(name: str, step: Step) -> torch.Tensor:
+def run_backend(name: str, problem: PagedProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backend on fresh copies of the caches: ``(output, k_cache, v_cache)``."""
     backend = get_attention_backend(name)
     assert backend.name == name
-    return backend.forward(step.query, step.key, step.value, step.k_cache, step.v_cache, step.meta, step.scale)
+    k_cache, v_cache = problem.caches()
+    out = backend.forward(problem.query, problem.key, problem.value, k_cache, v_cache, problem.meta, problem.scale)
+    return out, k_cache, v_cache
 
 
-def check_against_reference(name: str, step: Step, dtype: torch.dtype) -> torch.Tensor:
-    out = run_backend(name, step)
-    assert out.shape == step.query.shape and out.dtype == dtype
-    real = step.real_rows.to(out.device)
-    assert torch.isfinite(out[real]).all(), "NaN/inf in a real row"
-    torch.testing.assert_close(out[real].double().cpu(), sdpa_reference(step)[step.real_rows], **TOLERANCES[dtype])
+def check_against_reference(name: str, problem: PagedProblem) -> torch.Tensor:
+    """Output close to SDPA on every real row; the caches hold the new K/V, nothing else changed."""
+    out, k_cache, v_cache = run_backend(name, problem)
+    assert out.dtype == problem.query.dtype
+    assert_matches_reference(out, problem)
+    assert_cache_matches(k_cache, problem.k_cache_after, f"{name}: k_cache")
+    assert_cache_matches(v_cache, problem.v_cache_after, f"{name}: v_cache")
     return out
 
 
@@ -178,21 +93,21 @@ GQA = [(2, 2), (4, 2), (8, 2)]  # query heads per KV head: 1, 2, 4
 def test_torch_backends_fp32(backend, step_name, head_dim, heads):
     step = make_step(STEPS[step_name], num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim,
                      block_size=16, dtype=torch.float32, seed=head_dim + heads[0])
-    check_against_reference(backend, step, torch.float32)
+    check_against_reference(backend, step)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_mixed_step_in_every_dtype(backend, dtype):
     step = make_step(STEPS["mixed"], num_heads=4, num_kv_heads=2, head_dim=80, block_size=16, dtype=dtype, seed=3)
-    check_against_reference(backend, step, dtype)
+    check_against_reference(backend, step)
 
 
 @pytest.mark.parametrize("step_name", ["decode_only", "prefill_only", "decodes_after_prompt"])
 def test_triton_backend_fp32(step_name):
     step = make_step(STEPS[step_name], num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
                      dtype=torch.float32, seed=5)
-    check_against_reference("triton", step, torch.float32)
+    check_against_reference("triton", step)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 32])
@@ -202,7 +117,7 @@ def test_torch_backends_other_block_sizes(backend, block_size):
     rows = [(1, 2 * block_size - 1), (9, 3 * block_size), (1, block_size), (3, 0), (4, block_size + 1)]
     step = make_step(rows, num_heads=6, num_kv_heads=2, head_dim=32, block_size=block_size,
                      dtype=torch.float32, seed=block_size)
-    check_against_reference(backend, step, torch.float32)
+    check_against_reference(backend, step)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -213,37 +128,39 @@ def test_shared_blocks(backend):
     step = make_step(rows, num_heads=4, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32,
                      seed=11, shared=(0, 2, 2))
     assert step.meta.block_tables[0, :2].tolist() == step.meta.block_tables[2, :2].tolist()
-    check_against_reference(backend, step, torch.float32)
+    check_against_reference(backend, step)
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_padding_rows_are_computed_but_not_stored(backend, fill):
+    """Static batching: prompts padded to the longest (trailing slot -1 rows) and a finished
+    request's idle seat (a decode row with slot -1). The padding positions were never written
+    and hold ``fill``, as every unowned slot does. Real rows match the reference, and no -1 row
+    touches the cache."""
+    rows = [(12, 0), (12, 0), (1, 20), (12, 0)]
+    step = make_step(rows, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32,
+                     seed=2, padding={0: 5, 2: 1, 3: 11}, unowned=fill, padding_fill=fill)
+    check_against_reference(backend, step)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
-def test_padding_rows_are_computed_but_not_stored(backend):
-    """Static batching: prompts padded to the longest (trailing slot -1 rows) and a finished
-    request's idle seat (a decode row with slot -1). Real rows match the reference, padding
-    rows are finite, and no -1 row touches the cache."""
-    rows = [(12, 0), (12, 0), (1, 20), (12, 0)]
-    step = make_step(rows, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32,
-                     seed=2, padding={0: 5, 2: 1, 3: 11})
-    k_before, v_before = step.k_cache.clone(), step.v_cache.clone()
-    out = check_against_reference(backend, step, torch.float32)
-    assert torch.isfinite(out).all()
-    written = step.meta.slot_mapping[step.meta.slot_mapping >= 0].cpu()
-    changed = ((step.k_cache != k_before) | (step.v_cache != v_before)).flatten(2).any(-1).flatten().cpu()
-    assert set(changed.nonzero().flatten().tolist()) <= set(written.tolist())
-    real_keys = step.key[step.real_rows.to(step.key.device)]
-    flat_k = step.k_cache.view(-1, *step.k_cache.shape[2:])
-    assert torch.equal(flat_k[written.to(flat_k.device)], real_keys), "real rows' keys must be stored"
+def test_unowned_slots_hold_infinities(backend):
+    """+inf and -inf instead of NaN: an inf key would make a score inf, an inf value inf * 0."""
+    for seed, fill in enumerate([float("inf"), float("-inf")]):
+        step = make_step(STEPS["mixed"], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+                         dtype=torch.float16, seed=seed, unowned=fill, padding_fill=fill)
+        check_against_reference(backend, step)
 
 
-@pytest.mark.parametrize("backend", TORCH_BACKENDS)
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_backends_write_the_new_tokens_before_reading(backend):
-    """Every new token's slot starts stale; after the step it holds the token's K/V."""
+    """Every new token's slot holds NaN before the step; after it, the token's K/V."""
     step = make_step(STEPS["mixed"], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                      dtype=torch.float32, seed=9)
-    check_against_reference(backend, step, torch.float32)
-    slots = step.meta.slot_mapping
-    flat_v = step.v_cache.view(-1, *step.v_cache.shape[2:])
-    assert torch.equal(flat_v[slots], step.value)
+    _, _, v_cache = run_backend(backend, step)
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    assert torch.equal(flat_v[step.meta.slot_mapping], step.value)
 
 
 def test_metadata_keeps_host_lengths():
@@ -253,6 +170,19 @@ def test_metadata_keeps_host_lengths():
     assert meta.num_skipped_slots == 1
 
 
+@pytest.mark.parametrize("host_lists", [True, False])
+def test_readable_lens_leave_out_padding_rows(host_lists):
+    """A padded prompt, a sequence without padding, an idle seat: seq_lens less padding rows."""
+    meta = AttentionMetadata.build([4, 2, 1], [4, 9, 13], [[0], [1], [2]],
+                                   [0, 1, -1, -1, 23, 24, -1], 16)
+    if not host_lists:  # made from tensors alone: the count of -1 slots is not known on the host
+        meta.query_lens_cpu = meta.seq_lens_cpu = meta.num_skipped_slots = None
+    assert meta.readable_lens().tolist() == [2, 9, 12]
+    assert meta.readable_lens() is meta.readable_lens(), "computed once per step"
+    clean = AttentionMetadata.build([1, 1], [5, 7], [[0], [1]], [4, 22], 16)
+    assert clean.readable_lens() is clean.seq_lens
+
+
 @pytest.mark.parametrize("backend", TORCH_BACKENDS)
 def test_metadata_without_host_lengths(backend):
     """Metadata assembled from tensors alone (no host lists) still works: the backend reads the
@@ -260,26 +190,44 @@ def test_metadata_without_host_lengths(backend):
     step = make_step(STEPS["mixed"], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                      dtype=torch.float32, seed=4, padding={1: 3})
     step.meta.query_lens_cpu = step.meta.seq_lens_cpu = step.meta.num_skipped_slots = None
-    check_against_reference(backend, step, torch.float32)
+    check_against_reference(backend, step)
 
 
 def test_ragged_plan_is_built_once_per_step():
     step = make_step(STEPS["mixed"], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                      dtype=torch.float32)
     backend = get_attention_backend("torch")
-    backend.forward(step.query, step.key, step.value, step.k_cache, step.v_cache, step.meta, step.scale)
+    k_cache, v_cache = step.caches()
+    backend.forward(step.query, step.key, step.value, k_cache, v_cache, step.meta, step.scale)
     plan = step.meta.backend_cache["torch_ragged"]
-    backend.forward(step.query, step.key, step.value, step.k_cache, step.v_cache, step.meta, step.scale)
+    backend.forward(step.query, step.key, step.value, k_cache, v_cache, step.meta, step.scale)
     assert step.meta.backend_cache["torch_ragged"] is plan
     assert len(plan.prefills) == 4
-    # decode contexts 41, 16, 1, 64 tokens (rows 0, 18, 24, 58): buckets within a factor of 1.5,
-    # each gathering blocks up to its own longest context, not the step's longest
+    # decode sequences of 41, 16, 1, 64 tokens (rows 0, 18, 24, 58): buckets within a factor of
+    # 1.5, each gathering keys up to its own longest sequence, not the step's longest
     assert [b.token_rows.tolist() for b in plan.decode] == [[24], [18], [0], [58]]
-    assert [b.key_bias.shape[-1] for b in plan.decode] == [16, 16, 48, 64]
+    assert [b.key_bias.shape[-1] for b in plan.decode] == [1, 16, 41, 64]
+    assert [tuple(b.key_slots.shape) for b in plan.decode] == [(1, 1), (1, 16), (1, 41), (1, 64)]
+
+
+def test_decode_bucket_reads_only_owned_slots():
+    """In a bucket, a shorter sequence's positions past its end are gathered from its own first
+    slot, never from a block of its table's padding or the tail of its last block."""
+    from minivllm.attention.torch_ragged import plan_step
+
+    step = make_step([(1, 40), (1, 30), (1, 36)], num_heads=2, num_kv_heads=1, head_dim=32, block_size=16,
+                     dtype=torch.float32)
+    (bucket,) = plan_step(step.meta, torch.device("cpu"), torch.float32).decode
+    assert bucket.token_rows.tolist() == [1, 2, 0], "sorted by length (one decode row per sequence)"
+    for seq, slots in zip(bucket.token_rows.tolist(), bucket.key_slots.tolist(), strict=True):
+        n, table = step.seqs[seq].seq_len, step.tables[seq]
+        owned = {table[p // 16] * 16 + p % 16 for p in range(n)}
+        assert set(slots) <= owned, f"sequence {seq} gathers a slot it does not own"
+        assert slots[n:] == [slots[0]] * (41 - n), "positions past its end repeat its first slot"
 
 
 def test_length_buckets_bound_the_padding():
-    from minivllm.attention.torch_ref import length_buckets
+    from minivllm.attention.torch_ragged import length_buckets
 
     lengths = [300, 5, 800, 40, 41, 90, 7, 160, 1, 640]
     buckets = length_buckets(lengths)
@@ -323,5 +271,21 @@ def test_random_ragged_steps(rows, heads, block_size, seed):
     step = make_step(rows, num_heads=heads[0], num_kv_heads=heads[1], head_dim=24, block_size=block_size,
                      dtype=torch.float32, seed=seed)
     for backend in TORCH_BACKENDS:
-        fresh = Step(**{**step.__dict__, "k_cache": step.k_cache.clone(), "v_cache": step.v_cache.clone()})
-        check_against_reference(backend, fresh, torch.float32)
+        check_against_reference(backend, step)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(1, 50), min_size=2, max_size=5), shared=st.integers(0, 3),
+       block_size=st.sampled_from([4, 16]), seed=st.integers(0, 2**16))
+def test_the_fixture_caches_what_the_reference_reads(lens, shared, block_size, seed):
+    """The shared problem itself (``minivllm.attention.testing``): after the step, every position
+    of every sequence, read through its block table, holds that sequence's own K/V -- shared
+    prefix blocks included -- so the reference and the cache describe the same problem."""
+    from minivllm.attention.testing import decode_problem
+
+    problem = decode_problem(lens, block_size=block_size, share={i: (0, shared) for i in range(1, len(lens))},
+                             seed=seed, dtype=torch.float32)
+    k_after = problem.k_cache_after.cpu().double()
+    for table, keys, n in zip(problem.tables, problem.keys, lens, strict=True):
+        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(n)])
+        assert torch.equal(k_after.view(-1, *k_after.shape[2:])[slots], keys)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from paged_kv_helpers import DEVICE
+
+from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_kernels.py"
 

@@ -1,23 +1,24 @@
-"""paged_decode_attention (plain and split-KV) against a float64 gather-and-softmax reference.
+"""paged_decode_attention (plain and split-KV) against float64 SDPA on contiguous tensors.
 
-Runs in the Triton interpreter on CPU. Head counts are kept small because the interpreter's
-cost grows with programs x blocks, not with the size of each tile.
+Problems come from ``minivllm.attention.testing``: shuffled physical blocks, ragged lengths, GQA,
+and every slot no sequence owns filled with NaN, so a kernel that loads one gives NaN. Runs in
+the Triton interpreter on a CPU; head counts are small because the interpreter's cost grows with
+programs x blocks, not with the size of each tile.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from paged_kv_helpers import TOLERANCES, assert_close_to_reference, make_batch, reference_attention
 
+from minivllm.attention.testing import TOLERANCES, assert_matches_reference, decode_problem
 from minivllm.attention.triton_kernels import choose_num_splits, paged_decode_attention
 
 
-def run_decode(batch, num_splits=None):
-    return paged_decode_attention(
-        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens_t, batch.scale,
-        num_splits=num_splits,
-    )
+def run_decode(problem, num_splits=None, caches=None):
+    k_cache, v_cache = caches or problem.caches(after=True)
+    return paged_decode_attention(problem.query, k_cache, v_cache, problem.block_tables, problem.seq_lens,
+                                  problem.scale, num_splits=num_splits)
 
 
 def boundary_lengths(block_size: int) -> list[int]:
@@ -44,50 +45,51 @@ CONFIGS = [
     ids=[f"{str(c[0])[6:]}-bs{c[1]}-d{c[2]}-h{c[3]}kv{c[4]}" for c in CONFIGS],
 )
 def test_decode_matches_reference(dtype, block_size, head_dim, num_heads, num_kv_heads):
-    seq_lens = boundary_lengths(block_size)
-    batch = make_batch(
-        [1] * len(seq_lens), seq_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, block_size=block_size, dtype=dtype, seed=block_size + head_dim,
-    )
-    out = run_decode(batch, num_splits=1)
-    assert out.shape == batch.q.shape
-    assert_close_to_reference(out, reference_attention(batch), dtype)
+    problem = decode_problem(boundary_lengths(block_size), num_heads=num_heads, num_kv_heads=num_kv_heads,
+                             head_dim=head_dim, block_size=block_size, dtype=dtype, seed=block_size + head_dim)
+    assert_matches_reference(run_decode(problem, num_splits=1), problem)
+
+
+@pytest.mark.parametrize("unowned", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_unowned_slots_never_reach_the_output(unowned, num_splits):
+    """Every slot no sequence owns (the tails of last blocks, spare blocks, the guard blocks
+    around the cache) holds NaN or an infinity; plain and split-KV give the reference."""
+    problem = decode_problem([1, 15, 16, 17, 40], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+                             dtype=torch.float16, unowned=unowned, guard_blocks=2, seed=4)
+    assert_matches_reference(run_decode(problem, num_splits=num_splits), problem)
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_decode_long_context(block_size):
     """A context of more than 2,000 tokens, in one batch with a short sequence."""
-    batch = make_batch(
-        [1, 1], [2049, 7], num_heads=2, num_kv_heads=1, head_dim=64, block_size=block_size,
-        dtype=torch.float32, seed=block_size,
-    )
-    ref = reference_attention(batch)
-    assert_close_to_reference(run_decode(batch, num_splits=1), ref, torch.float32)
+    problem = decode_problem([2049, 7], num_heads=2, num_kv_heads=1, head_dim=64, block_size=block_size,
+                             dtype=torch.float32, seed=block_size)
+    assert_matches_reference(run_decode(problem, num_splits=1), problem)
 
 
 def test_decode_sees_every_token_and_only_those():
     """Perturbing the last token of a sequence must change its output; perturbing a slot the
-    sequence does not own (the rest of its last block, or a spare block) must not."""
-    batch = make_batch([1], [37], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16,
-                       dtype=torch.float32, poison=0.0)
-    base = run_decode(batch, num_splits=1)
-    last_block = int(batch.block_tables[0, 2])
-    saved = batch.v_cache[last_block, 4].clone()
-    batch.v_cache[last_block, 4] += 10.0  # position 36 = the last token
-    changed = run_decode(batch, num_splits=1)
-    assert (changed - base).abs().max() > 1e-3
-    batch.v_cache[last_block, 4] = saved
-    batch.v_cache[last_block, 5:] = 1e4  # positions 37.. are not part of the sequence
-    unchanged = run_decode(batch, num_splits=1)
-    torch.testing.assert_close(unchanged, base, atol=0, rtol=0)
+    sequence does not own (the rest of its last block) must not."""
+    problem = decode_problem([37], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16,
+                             dtype=torch.float32, unowned=0.0)
+    k_cache, v_cache = problem.caches(after=True)
+    base = run_decode(problem, 1, (k_cache, v_cache))
+    last_block = problem.tables[0][2]
+    saved = v_cache[last_block, 4].clone()
+    v_cache[last_block, 4] += 10.0  # position 36 = the last token
+    assert (run_decode(problem, 1, (k_cache, v_cache)) - base).abs().max() > 1e-3
+    v_cache[last_block, 4] = saved
+    v_cache[last_block, 5:] = 1e4  # positions 37.. are not part of the sequence
+    torch.testing.assert_close(run_decode(problem, 1, (k_cache, v_cache)), base, atol=0, rtol=0)
 
 
 def test_shared_blocks_between_sequences():
     """Three sequences whose first two blocks are the same physical blocks (prefix sharing)."""
-    batch = make_batch([1, 1, 1], [40, 33, 70], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-                       dtype=torch.float32, shared_prefix_blocks=2, seed=3)
-    assert torch.equal(batch.block_tables[0, :2], batch.block_tables[1, :2])
-    assert_close_to_reference(run_decode(batch, num_splits=1), reference_attention(batch), torch.float32)
+    problem = decode_problem([40, 33, 70], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+                             dtype=torch.float32, share={1: (0, 2), 2: (0, 2)}, seed=3)
+    assert problem.tables[0][:2] == problem.tables[1][:2] == problem.tables[2][:2]
+    assert_matches_reference(run_decode(problem, num_splits=1), problem)
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 8, 40])
@@ -95,21 +97,20 @@ def test_shared_blocks_between_sequences():
 def test_split_kv_equals_plain(num_splits, dtype):
     """Split-KV must give the plain kernel's answer. 40 splits is more than any sequence has
     blocks, so some splits are empty and must drop out of the merge."""
-    seq_lens = [1, 16, 17, 300]
-    batch = make_batch([1] * 4, seq_lens, num_heads=4, num_kv_heads=1, head_dim=64, block_size=16,
-                       dtype=dtype, seed=num_splits)
-    plain = run_decode(batch, num_splits=1)
-    split = run_decode(batch, num_splits=num_splits)
-    assert_close_to_reference(split, reference_attention(batch), dtype)
+    problem = decode_problem([1, 16, 17, 300], num_heads=4, num_kv_heads=1, head_dim=64, block_size=16,
+                             dtype=dtype, seed=num_splits)
+    plain = run_decode(problem, num_splits=1)
+    split = run_decode(problem, num_splits=num_splits)
+    assert_matches_reference(split, problem)
     # Both accumulate in fp32; only the merge's summation order differs.
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else TOLERANCES[dtype]
     torch.testing.assert_close(split, plain, **tol)
 
 
 def test_split_kv_long_context():
-    batch = make_batch([1], [2100], num_heads=4, num_kv_heads=1, head_dim=64, block_size=64,
-                       dtype=torch.float16, seed=11)
-    assert_close_to_reference(run_decode(batch, num_splits=4), reference_attention(batch), torch.float16)
+    problem = decode_problem([2100], num_heads=4, num_kv_heads=1, head_dim=64, block_size=64,
+                             dtype=torch.float16, seed=11)
+    assert_matches_reference(run_decode(problem, num_splits=4), problem)
 
 
 def test_split_heuristic():
@@ -129,10 +130,9 @@ def test_auto_split_matches_forced(monkeypatch):
     """num_splits=None follows choose_num_splits (batch 1, 1 KV head, 1,000 tokens -> split)."""
     import minivllm.attention.triton_decode as dec
 
-    batch = make_batch([1], [1000], num_heads=2, num_kv_heads=1, head_dim=64, block_size=64,
-                       dtype=torch.float32, seed=5)
-    chosen = choose_num_splits(1, 1, 1000, 64)
-    assert chosen > 1
+    problem = decode_problem([1000], num_heads=2, num_kv_heads=1, head_dim=64, block_size=64,
+                             dtype=torch.float32, seed=5)
+    assert choose_num_splits(1, 1, 1000, 64) > 1
     launched = []
     real = dec._merge_splits_kernel
 
@@ -142,21 +142,22 @@ def test_auto_split_matches_forced(monkeypatch):
             return real[grid]
 
     monkeypatch.setattr(dec, "_merge_splits_kernel", Spy())
-    out = run_decode(batch)
+    out = run_decode(problem)
     assert launched, "the heuristic should have chosen split-KV here"
-    assert_close_to_reference(out, reference_attention(batch), torch.float32)
+    assert_matches_reference(out, problem)
 
 
 def test_rejects_bad_inputs():
-    batch = make_batch([1], [5], num_heads=3, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32)
+    problem = decode_problem([5], num_heads=3, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32)
+    k_cache, v_cache = problem.caches(after=True)
+    tables, lens, scale = problem.block_tables, problem.seq_lens, problem.scale
     with pytest.raises(ValueError, match="dtype"):
-        paged_decode_attention(batch.q.half(), batch.k_cache, batch.v_cache, batch.block_tables,
-                               batch.seq_lens_t, batch.scale)
+        paged_decode_attention(problem.query.half(), k_cache, v_cache, tables, lens, scale)
     with pytest.raises(ValueError, match="multiple"):
-        paged_decode_attention(batch.q[:, :2], batch.k_cache.expand(-1, -1, 3, -1), batch.v_cache.expand(-1, -1, 3, -1),
-                               batch.block_tables, batch.seq_lens_t, batch.scale)
+        paged_decode_attention(problem.query[:, :2], k_cache.expand(-1, -1, 3, -1), v_cache.expand(-1, -1, 3, -1),
+                               tables, lens, scale)
     with pytest.raises(ValueError, match="num_splits"):
-        run_decode(batch, num_splits=0)
-    small = make_batch([1], [5], num_heads=1, num_kv_heads=1, head_dim=64, block_size=8, dtype=torch.float32)
+        run_decode(problem, num_splits=0)
+    small = decode_problem([5], num_heads=1, num_kv_heads=1, head_dim=64, block_size=8, dtype=torch.float32)
     with pytest.raises(ValueError, match="block_size"):
         run_decode(small)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_kv_helpers import DEVICE
 
 from minivllm.attention.cache_ops import write_kv_to_cache
+from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
 from minivllm.attention.triton_kernels import reshape_and_cache
 
 SENTINEL = -7.0

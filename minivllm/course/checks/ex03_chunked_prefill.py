@@ -107,7 +107,7 @@ def _(ex):
 def _(ex):
     for seed in range(20):
         trace = random_trace(300 + seed, 5 + seed % 9, prompt_range=(1, 60), output_range=(1, 40))
-        longest = max(-(-(r.prompt_len + r.output_len) // 16) for r in trace)
+        longest = max(-(-(r.prompt_len + r.max_tokens) // 16) for r in trace)
         compare(ex, trace, max_num_seqs=2 + seed % 5, budget=16 + 16 * (seed % 4),
                 num_kv_blocks=longest + seed % 4, label=f"seed {300 + seed}")
 

@@ -13,14 +13,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from minivllm.course.grading import Case, case, expect, expect_raises
-from minivllm.course.kv_replay import (
-    PROMPTS,
-    KVRequest,
-    KVSetup,
-    compare_with_minivllm,
-    expect_same_tokens,
-    random_kv_trace,
-)
+from minivllm.course.harness import TraceRequest, expect_same_tokens
+from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 
@@ -134,6 +128,7 @@ def _(ex):
     expect(kv.allocate_slots(a, 5), None, "a needs 2 more blocks, 1 is free")
     expect((kv.num_free_blocks, kv.get_block_ids("a"), kv.get_block_ids("b"), kv.num_referenced_blocks),
            (1, [0, 1], [], 2), "(free blocks, a's table, b's table, referenced blocks) after both refusals")
+    expect(sorted(kv.tables), ["a"], "requests with a table (self.tables) after both refusals")
     expect(kv.allocate_slots(b, 4), [2], "b asks for 4 tokens instead")
 
 
@@ -189,21 +184,21 @@ def _compare(ex, trace, setup, label=""):
 @case(CASES, "a pool too small for everyone: preemption and readmission", "PagedKVCacheManager",
       "same block tables as minivllm's allocator at every step; the note says which step differs")
 def _(ex):
-    trace = [KVRequest(f"r{i}", tuple(range(1 + i, 8 + 2 * i)), 10, arrival_step=i // 2) for i in range(6)]
+    trace = [TraceRequest(f"r{i}", tuple(range(1 + i, 8 + 2 * i)), 10, arrival_step=i // 2) for i in range(6)]
     _compare(ex, trace, KVSetup(num_blocks=16, block_size=4, max_num_seqs=6, max_num_batched_tokens=32))
 
 
 @case(CASES, "chunked prefill across block boundaries", "PagedKVCacheManager",
       "a chunk can end in the middle of a block; the next chunk continues in the same block")
 def _(ex):
-    trace = [KVRequest("long", tuple(range(1, 31)), 6), KVRequest("short", (5, 6, 7), 9, arrival_step=1)]
+    trace = [TraceRequest("long", tuple(range(1, 31)), 6), TraceRequest("short", (5, 6, 7), 9, arrival_step=1)]
     _compare(ex, trace, KVSetup(num_blocks=20, block_size=4, max_num_batched_tokens=7))
 
 
 @case(CASES, "static batching reserves each request's worst case", "PagedKVCacheManager",
       "the static scheduler calls allocate_slots once, with num_lookahead_tokens, and never again")
 def _(ex):
-    trace = [KVRequest(f"s{i}", tuple(range(2, 5 + 3 * i)), 3 + 2 * i) for i in range(5)]
+    trace = [TraceRequest(f"s{i}", tuple(range(2, 5 + 3 * i)), 3 + 2 * i) for i in range(5)]
     _compare(ex, trace, KVSetup(num_blocks=24, block_size=4, max_num_seqs=3, scheduler="static",
                                 enable_chunked_prefill=True))
 

@@ -22,15 +22,15 @@ static batching's padding rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 
-from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
+from minivllm.attention.testing import PagedProblem, Seq, assert_cache_matches, make_paged_problem
 from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.kv_replay import expect_same_tokens
+from minivllm.course.harness import TraceRequest, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
@@ -38,176 +38,33 @@ CASES: list[Case] = []
 # float64 on both sides: only the summation order differs (~1e-15). Off by one key moves an
 # output by ~1/seq_len of a value; a wrong scale by far more.
 ATOL = 1e-9
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.float64
 
 
-@dataclass(frozen=True)
-class Seq:
-    """One sequence of a step: ``new`` tokens after ``context`` cached ones, then ``pad``
-    padding rows (slot -1) whose K/V are computed and never stored."""
-
-    new: int
-    context: int = 0
-    pad: int = 0
-
-    @property
-    def query_len(self) -> int:
-        return self.new + self.pad
-
-    @property
-    def seq_len(self) -> int:
-        return self.context + self.new + self.pad
+def make_step(seqs: list[Seq], **kwargs) -> PagedProblem:
+    """One step over a paged cache, in float64 on ``DEVICE``, with its answer from contiguous
+    tensors (:func:`minivllm.attention.testing.make_paged_problem`, the kernels' own tests'
+    fixture): shuffled block tables, NaN in every slot no sequence owns and in this step's slots
+    until they are written, stale finite values under padding rows. ``share={b: (a, n)}``:
+    sequence ``b`` starts with ``a``'s first ``n`` blocks (a prefix-cache hit); keep them to
+    cached context."""
+    return make_paged_problem(seqs, dtype=DTYPE, device=DEVICE, **kwargs)
 
 
-@dataclass
-class StepProblem:
-    """The inputs of one backend call, and what must come out of it."""
-
-    seqs: list[Seq]
-    query: torch.Tensor  # [T, H, D]
-    key: torch.Tensor  # [T, KVH, D]
-    value: torch.Tensor
-    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] before the step
-    v_cache: torch.Tensor
-    meta: AttentionMetadata
-    scale: float
-    expected: torch.Tensor  # [T, H, D] on the CPU; rows of padding are NaN (not compared)
-    real_rows: torch.Tensor  # [T] bool: False for padding rows
-    expected_k_cache: torch.Tensor  # after the step, on the CPU
-    expected_v_cache: torch.Tensor
-    tables: list[list[int]]
-    keys: list[torch.Tensor] = field(repr=False)  # contiguous K of each sequence [seq_len, KVH, D]
-    values: list[torch.Tensor] = field(repr=False)
-
-
-def make_step(
-    seqs: list[Seq],
-    *,
-    num_heads: int = 6,
-    num_kv_heads: int = 2,
-    head_dim: int = 32,
-    block_size: int = 16,
-    scale: float | None = None,
-    share: dict[int, tuple[int, int]] | None = None,
-    seed: int = 0,
-) -> StepProblem:
-    """One step over a paged cache, with its answer from contiguous tensors.
-
-    ``share={b: (a, n)}``: sequence ``b`` starts with the same ``n`` full blocks as sequence
-    ``a`` -- the same tokens in the same physical blocks, as after a prefix-cache hit. Those
-    blocks must be cached context of both.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    share = share or {}
-    scale = head_dim**-0.5 if scale is None else scale
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=DTYPE)
-
-    keys, values, queries = [], [], []
-    for i, s in enumerate(seqs):
-        k, v = randn(s.seq_len, num_kv_heads, head_dim), randn(s.seq_len, num_kv_heads, head_dim)
-        if i in share:
-            a, n = share[i]
-            shared = n * block_size
-            assert shared <= min(s.context, seqs[a].context), "shared blocks must be cached context"
-            k[:shared], v[:shared] = keys[a][:shared], values[a][:shared]
-        keys.append(k)
-        values.append(v)
-        queries.append(randn(s.query_len, num_heads, head_dim))
-
-    # Physical blocks: a shuffled pool with 3 blocks nobody owns; shared prefixes reuse the owner's.
-    needed = [-(-s.seq_len // block_size) for s in seqs]
-    num_blocks = sum(needed) - sum(n for _, n in share.values()) + 3
-    free = torch.randperm(num_blocks, generator=gen).tolist()
-    tables: list[list[int]] = []
-    for i, n in enumerate(needed):
-        prefix = tables[share[i][0]][: share[i][1]] if i in share else []
-        tables.append(prefix + [free.pop() for _ in range(n - len(prefix))])
-
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=DTYPE)
-    v_cache = torch.full(shape, float("nan"), dtype=DTYPE)
-    k_after, v_after = k_cache.clone(), v_cache.clone()
-    slots: list[int] = []
-    for s, table, k, v in zip(seqs, tables, keys, values, strict=True):
-        for pos in range(s.seq_len):
-            block, offset = table[pos // block_size], pos % block_size
-            if pos < s.context:  # cached by earlier steps
-                for cache, after, x in ((k_cache, k_after, k), (v_cache, v_after, v)):
-                    cache[block, offset] = after[block, offset] = x[pos]
-            elif pos < s.context + s.new:  # this step's tokens: the backend must store them
-                k_after[block, offset], v_after[block, offset] = k[pos], v[pos]
-                slots.append(block * block_size + offset)
-            else:  # padding: computed, never stored; its slot holds what was there before
-                stale = randn(2, num_kv_heads, head_dim)
-                for cache, after, x in ((k_cache, k_after, stale[0]), (v_cache, v_after, stale[1])):
-                    cache[block, offset] = after[block, offset] = x
-                slots.append(-1)
-
-    step_rows = [slice(s.context, s.seq_len) for s in seqs]
-    query = torch.cat(queries)
-    key = torch.cat([k[r] for k, r in zip(keys, step_rows, strict=True)])
-    value = torch.cat([v[r] for v, r in zip(values, step_rows, strict=True)])
-    meta = AttentionMetadata.build([s.query_len for s in seqs], [s.seq_len for s in seqs], tables,
-                                   slots, block_size, device=DEVICE)
-    return StepProblem(
-        seqs=seqs, query=query.to(DEVICE), key=key.to(DEVICE), value=value.to(DEVICE),
-        k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE), meta=meta, scale=scale,
-        expected=sdpa_reference(seqs, queries, keys, values, scale),
-        real_rows=torch.tensor([j < s.new for s in seqs for j in range(s.query_len)]),
-        expected_k_cache=k_after, expected_v_cache=v_after, tables=tables, keys=keys, values=values,
-    )
-
-
-def sdpa_reference(seqs: list[Seq], queries, keys, values, scale: float) -> torch.Tensor:
-    """``scaled_dot_product_attention`` on each sequence's contiguous K/V: its new tokens over
-    positions ``0 .. context + new - 1``, causal, K/V repeated per query head (query head ``h``
-    reads KV head ``h // (H / KVH)``). Padding rows come out NaN: they are not compared."""
-    outs = []
-    for s, q, k, v in zip(seqs, queries, keys, values, strict=True):
-        out = torch.full_like(q, float("nan"))
-        if s.new:
-            n = s.context + s.new
-            group = q.shape[1] // k.shape[1]
-            k_heads = k[:n].repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
-            v_heads = v[:n].repeat_interleave(group, dim=1).transpose(0, 1)
-            # row j (position context + j) may see keys 0 .. context + j
-            allowed = torch.ones(s.new, n, dtype=torch.bool).tril(diagonal=s.context)
-            o = F.scaled_dot_product_attention(q[: s.new].transpose(0, 1), k_heads, v_heads,
-                                               attn_mask=allowed, scale=scale)
-            out[: s.new] = o.transpose(0, 1)
-        outs.append(out)
-    return torch.cat(outs)
-
-
-def _describe(problem: StepProblem, row: int) -> str:
-    """Which sequence a flat row belongs to, in words."""
-    start = 0
-    for i, (s, table) in enumerate(zip(problem.seqs, problem.tables, strict=True)):
-        if row < start + s.query_len:
-            j = row - start
-            return (f"sequence {i} ({s.new} new tokens after {s.context} cached, blocks {table}), "
-                    f"its new token {j} at position {s.context + j}")
-        start += s.query_len
-    return f"row {row}"
-
-
-def run_step(ex, problem: StepProblem):
+def run_step(ex, problem: PagedProblem):
     """The student's backend on fresh copies of the caches: ``(output, k_cache, v_cache)``."""
-    k_cache, v_cache = problem.k_cache.clone(), problem.v_cache.clone()
+    k_cache, v_cache = problem.caches()
     out = ex.PagedAttentionBackend().forward(problem.query, problem.key, problem.value, k_cache,
                                              v_cache, problem.meta, problem.scale)
     return out, k_cache, v_cache
 
 
-def expect_step(ex, problem: StepProblem, note: str = "") -> None:
+def expect_step(ex, problem: PagedProblem, note: str = "") -> None:
     """Run the backend; compare the caches it leaves, then the outputs of the real rows."""
     prefix = f"{note}: " if note else ""
     out, k_cache, v_cache = run_step(ex, problem)
-    expect_cache(k_cache, problem.expected_k_cache, f"{prefix}k_cache")
-    expect_cache(v_cache, problem.expected_v_cache, f"{prefix}v_cache")
+    assert_cache_matches(k_cache, problem.k_cache_after, f"{prefix}k_cache")
+    assert_cache_matches(v_cache, problem.v_cache_after, f"{prefix}v_cache")
     if tuple(out.shape) != tuple(problem.expected.shape):
         raise Mismatch(tuple(problem.expected.shape), tuple(out.shape),
                        f"{prefix}output shape [T, H, D]")
@@ -216,23 +73,7 @@ def expect_step(ex, problem: StepProblem, note: str = "") -> None:
     expect_close(out.detach().cpu(), problem.expected, problem, prefix)
 
 
-def expect_cache(got: torch.Tensor, want: torch.Tensor, note: str) -> None:
-    """Every slot as expected: the step's K/V at their slots, the rest untouched (NaN included)."""
-    got = got.detach().cpu()
-    same = (got == want) | (got.isnan() & want.isnan())
-    if not bool(same.all()):
-        block, offset = (int(x) for x in (~same).nonzero()[0][:2])
-        block_size = got.shape[1]
-        was = "unowned (NaN)" if bool(want[block, offset].isnan().all()) else "a token's K/V"
-        raise AssertionError(
-            f"{note}: slot {block * block_size + offset} (block {block}, offset {offset}), "
-            f"{was}, holds {got[block, offset, 0, :3].tolist()} instead of "
-            f"{want[block, offset, 0, :3].tolist()} (first 3 dims of KV head 0); "
-            "slot -1 means 'do not store'"
-        )
-
-
-def expect_close(got: torch.Tensor, want: torch.Tensor, problem: StepProblem, prefix: str) -> None:
+def expect_close(got: torch.Tensor, want: torch.Tensor, problem: PagedProblem, prefix: str) -> None:
     real = problem.real_rows
     got, want = got[real].double(), want[real]
     if not len(want):
@@ -242,7 +83,7 @@ def expect_close(got: torch.Tensor, want: torch.Tensor, problem: StepProblem, pr
     if bad.any():
         i, head = (int(x) for x in bad.nonzero()[0][:2])
         raise AssertionError(
-            f"{prefix}NaN/inf in the output of {_describe(problem, int(rows[i]))}, head {head}: "
+            f"{prefix}NaN/inf in the output of {problem.describe_row(int(rows[i]))}, head {head}: "
             "it read a cache slot that is not part of its sequence (such slots hold NaN here), "
             "or a new token's slot before storing it"
         )
@@ -252,7 +93,7 @@ def expect_close(got: torch.Tensor, want: torch.Tensor, problem: StepProblem, pr
         raise Mismatch(
             [round(x, 5) for x in want[i, head, :4].tolist()],
             [round(x, 5) for x in got[i, head, :4].tolist()],
-            f"{prefix}{_describe(problem, int(rows[i]))}, query head {head}, first 4 dims; "
+            f"{prefix}{problem.describe_row(int(rows[i]))}, query head {head}, first 4 dims; "
             f"largest error {float(error.max()):.2e}",
         )
 
@@ -263,10 +104,10 @@ def expect_close(got: torch.Tensor, want: torch.Tensor, problem: StepProblem, pr
       "index -1 is the last row")
 def _(ex):
     p = make_step([Seq(new=3, context=14), Seq(new=1, context=31), Seq(new=2, pad=3)], seed=1)
-    k_cache, v_cache = p.k_cache.clone(), p.v_cache.clone()
+    k_cache, v_cache = p.caches()
     ex.write_kv(p.key, p.value, k_cache, v_cache, p.meta.slot_mapping)
-    expect_cache(k_cache, p.expected_k_cache, "k_cache after write_kv")
-    expect_cache(v_cache, p.expected_v_cache, "v_cache after write_kv")
+    assert_cache_matches(k_cache, p.k_cache_after, "k_cache after write_kv")
+    assert_cache_matches(v_cache, p.v_cache_after, "v_cache after write_kv")
 
 
 @case(CASES, "a sequence in logical order: lengths 1, 15, 16, 17, 33 over a shuffled pool",
@@ -275,7 +116,7 @@ def _(ex):
 def _(ex):
     p = make_step([Seq(new=0, context=n) for n in (1, 15, 16, 17, 33)], seed=2)
     for i, (s, k, v) in enumerate(zip(p.seqs, p.keys, p.values, strict=True)):
-        for cache, want, what in ((p.k_cache, k, "K"), (p.v_cache, v, "V")):
+        for cache, want, what in zip(p.caches(), (k, v), "KV", strict=True):
             got = ex.gather_context(cache, p.meta.block_tables[i], s.seq_len).detach().cpu()
             note = f"{what} of a sequence of {s.seq_len} tokens in blocks {p.tables[i]}"
             expect(tuple(got.shape), tuple(want.shape), f"{note}: shape [seq_len, KVH, D]")
@@ -400,7 +241,7 @@ MAX_TOKENS = 16
 
 @dataclass
 class EngineRun:
-    """What one served trace produced."""
+    """What one served trace produced (requests in alphabetical order)."""
 
     tokens: dict[str, list[int]]
     num_cached_tokens: dict[str, int]
@@ -409,21 +250,15 @@ class EngineRun:
 
 
 class Recorded:
-    """Wraps a backend: records each step's longest query (to show that the trace has chunks)
-    and the first exception the backend raised. The engine turns an exception in a step into
-    failed requests and goes on serving; the case re-raises it, so the scoreboard shows the
-    student's error rather than a token mismatch."""
+    """Wraps a backend and keeps the first exception it raised. The engine turns an exception in
+    a step into failed requests and goes on serving; the case re-raises it, so the scoreboard
+    shows the student's error rather than a token mismatch."""
 
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
-        self.max_query_lens: list[int] = []
         self.error: Exception | None = None
-        self._meta = None
 
     def forward(self, query, key, value, k_cache, v_cache, meta, scale):
-        if meta is not self._meta:
-            self._meta = meta
-            self.max_query_lens.append(meta.max_query_len)
         try:
             return self.inner.forward(query, key, value, k_cache, v_cache, meta, scale)
         except Exception as err:
@@ -439,35 +274,30 @@ def serve_trace(backend=None) -> EngineRun:
     """Four greedy requests on a pool of 8 blocks of 16 tokens, 32 tokens per step at most.
 
     ``long`` (44 tokens) is prefilled in two chunks, 32 then 12, the second next to ``short``.
-    After three steps ``shared`` arrives with the same first 32 tokens plus its own: a
-    prefix-cache hit of two blocks, so its first step is a chunk after 32 cached tokens, in a
-    step with decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is
-    preempted and recomputed. ``backend=None``: minivllm's own backend.
+    Before step 3 ``shared`` arrives with the same first 32 tokens plus its own: a prefix-cache
+    hit of two blocks, so its first step is a chunk after 32 cached tokens, in a step with
+    decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is preempted and
+    recomputed. ``backend=None``: minivllm's own backend.
     """
-    from minivllm import LLM, SamplingParams
+    from minivllm import LLM
 
     with one_cpu_thread():
         extra = {} if backend is None else {"attention_backend": backend}
         llm = LLM(debug_checks=True, **ENGINE_ARGS, **extra)
-        engine = llm.engine
-        tokenize = engine.tokenizer.encode
+        tokenize = llm.engine.tokenizer.encode
         story = tokenize(STORY)
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        engine.add_request("long", story[:44], params)
-        engine.add_request("short", tokenize("The little fox"), params)
-        finished = {}
-        for _ in range(3):
-            finished.update((o.request_id, o) for o in engine.step() if o.finished)
-        engine.add_request("shared", story[:32] + tokenize(" and then she saw a big bird"), params)
-        engine.add_request("tom", tokenize("Tom went to the market with his mother and"), params)
-        while engine.has_unfinished_requests():
-            finished.update((o.request_id, o) for o in engine.step() if o.finished)
-    lengths = backend.max_query_lens if isinstance(backend, Recorded) else []
+        trace = [
+            TraceRequest("long", story[:44], MAX_TOKENS),
+            TraceRequest("short", tokenize("The little fox"), MAX_TOKENS),
+            TraceRequest("shared", story[:32] + tokenize(" and then she saw a big bird"), MAX_TOKENS, 3),
+            TraceRequest("tom", tokenize("Tom went to the market with his mother and"), MAX_TOKENS, 3),
+        ]
+        run = run_trace(llm, trace)
     return EngineRun(
-        tokens={rid: list(o.outputs[0].token_ids) for rid, o in sorted(finished.items())},
-        num_cached_tokens={rid: o.num_cached_tokens for rid, o in sorted(finished.items())},
-        preemptions=llm.stats().summary()["preemptions"],
-        max_query_lens=lengths,
+        tokens=dict(sorted(run.tokens.items())),
+        num_cached_tokens=dict(sorted(run.cached.items())),
+        preemptions=run.num_preemptions,
+        max_query_lens=[max(n for _, n in s.batch) for s in run.steps],
     )
 
 
@@ -517,7 +347,7 @@ def _(ex):
     recorder = Recorded(backend)
     got = serve_trace(recorder)
     recorder.reraise()
-    if max(recorder.max_query_lens) != 32 or got.num_cached_tokens["shared"] < 32:
+    if max(got.max_query_lens) != 32 or got.num_cached_tokens["shared"] < 32:
         raise AssertionError("the trace no longer has a 32-token chunk and a prefix hit")
     expect_same_tokens(want.tokens, got.tokens,
                        "chunked prefill, a prefix hit and a preemption on 8 blocks")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.course.grading import Case, Mismatch, case
+from minivllm.course.harness import TraceRequest, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
 
 CASES: list[Case] = []
@@ -254,27 +255,17 @@ def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
     decode-only, so the backend's kernel serves all but the first two steps.
     """
     with one_cpu_thread():
-        return _serve(backend, max_tokens)
-
-
-def _serve(backend, max_tokens: int) -> dict[str, Served]:
-    from minivllm import SamplingParams
-
-    engine = make_llm(backend).engine
-    tokenize = engine.tokenizer.encode
-    story = tokenize(STORY)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    engine.add_request("boundary", story[:16], params)
-    engine.add_request("short", tokenize("The little fox"), params)
-    finished = {out.request_id: out for out in engine.step() if out.finished}
-    engine.add_request("shared", story[:16] + tokenize(" and then she saw a bird"), params)
-    while engine.has_unfinished_requests():
-        finished.update((out.request_id, out) for out in engine.step() if out.finished)
-    return {
-        rid: Served(len(out.prompt_token_ids), out.num_cached_tokens, list(out.outputs[0].token_ids),
-                    out.outputs[0].text)
-        for rid, out in sorted(finished.items())
-    }
+        llm = make_llm(backend)
+        tokenize = llm.engine.tokenizer.encode
+        story = tokenize(STORY)
+        trace = [
+            TraceRequest("boundary", story[:16], max_tokens),
+            TraceRequest("short", tokenize("The little fox"), max_tokens),
+            TraceRequest("shared", story[:16] + tokenize(" and then she saw a bird"), max_tokens, arrival_step=1),
+        ]
+        run = run_trace(llm, trace)
+    return {r.request_id: Served(r.prompt_len, run.cached[r.request_id], run.tokens[r.request_id],
+                                 run.texts[r.request_id]) for r in sorted(trace, key=lambda r: r.request_id)}
 
 
 @case(CASES, "served by the engine: the tiny model's greedy tokens equal minivllm's", KERNEL,
@@ -290,10 +281,5 @@ def _(ex):
         raise AssertionError("the backend never ran the kernel: decode-only steps must use it")
     if expected["shared"].num_cached_tokens < 16:
         raise AssertionError("the trace lost its prefix-cache hit (16 cached tokens expected)")
-    for rid, want in expected.items():
-        if got[rid].token_ids != want.token_ids:
-            pairs = zip(want.token_ids, got[rid].token_ids)
-            first = next((i for i, (a, b) in enumerate(pairs) if a != b), len(got[rid].token_ids))
-            raise Mismatch(want.token_ids, got[rid].token_ids,
-                           f"request {rid!r} (prompt {want.prompt_len} tokens): first difference at "
-                           f"generated token {first}")
+    expect_same_tokens({rid: s.token_ids for rid, s in expected.items()}, {rid: s.token_ids for rid, s in got.items()},
+                       "a 16-token prompt, a short one, a prefix hit")

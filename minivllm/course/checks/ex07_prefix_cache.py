@@ -13,15 +13,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from minivllm import course
 from minivllm.course.grading import Case, Mismatch, case, expect
-from minivllm.course.kv_replay import (
-    PROMPTS,
-    KVRequest,
-    KVSetup,
-    compare_with_minivllm,
-    expect_same_tokens,
-    random_kv_trace,
-)
+from minivllm.course.harness import TraceRequest, beam_search, expect_same_tokens
+from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 
@@ -49,6 +44,21 @@ def _admit(kv, request: Request) -> tuple[list[int], int]:
 
 def _refs(kv, ids) -> list[int]:
     return [kv.pool.blocks[i].ref_cnt for i in ids]
+
+
+# --- what this file is built on ------------------------------------------------------------------
+@case(CASES, "built on your own exercise 04", "PrefixCachingKVCacheManager",
+      "this file subclasses course.working('ex04_block_allocator'): your exercise 04 once it passes "
+      "its checks, the reference until then -- and then the cases below grade your code over it")
+def _(ex):
+    _admit(_manager(ex), Request("a", list(range(1, 10))))  # your code runs first (a stub stops here)
+    if ex.__course_source__ == "exercises" and ex.ex04.__course_source__ != "exercises":
+        report = course.verdict(course.load("ex04_block_allocator"))
+        raise NotImplementedError(
+            f"this file runs on the reference exercise 04: yours does not pass its checks yet "
+            f"({report.summary_line().strip()}); the other cases grade your exercise 07 over the "
+            "reference allocator. Pass exercise 04, then check this one again"
+        )
 
 
 # --- hashing ---------------------------------------------------------------------------------------
@@ -281,21 +291,21 @@ def _compare(ex, trace, setup, label=""):
 @case(CASES, "a shared system prompt, requests arriving over time", "PrefixCachingKVCacheManager",
       "same block tables as minivllm's at every step: later requests start on the cached blocks")
 def _(ex):
-    trace = [KVRequest(f"u{i}", SYSTEM + tuple(range(20 + i, 23 + 2 * i)), 6, arrival_step=2 * i) for i in range(6)]
+    trace = [TraceRequest(f"u{i}", SYSTEM + tuple(range(20 + i, 23 + 2 * i)), 6, arrival_step=2 * i) for i in range(6)]
     _compare(ex, trace, KVSetup(num_blocks=40, block_size=4))
 
 
 @case(CASES, "n > 1: siblings fork off their leader and copy on write", "PrefixCachingKVCacheManager",
       "a fork shares everything; the first write into the shared last block copies it")
 def _(ex):
-    trace = [KVRequest("a", SYSTEM + (40, 41), 8, n=3), KVRequest("b", SYSTEM + (42,), 5, n=2, arrival_step=3)]
+    trace = [TraceRequest("a", SYSTEM + (40, 41), 8, n=3), TraceRequest("b", SYSTEM + (42,), 5, n=2, arrival_step=3)]
     _compare(ex, trace, KVSetup(num_blocks=40, block_size=4))
 
 
 @case(CASES, "a small pool: eviction, preemption, readmission from the cache", "PrefixCachingKVCacheManager",
       "preempted requests find their own blocks in the cache if nobody took them")
 def _(ex):
-    trace = [KVRequest(f"r{i}", (SYSTEM, OTHER)[i % 2] + tuple(range(30 + i, 33 + i)), 9, arrival_step=i // 3)
+    trace = [TraceRequest(f"r{i}", (SYSTEM, OTHER)[i % 2] + tuple(range(30 + i, 33 + i)), 9, arrival_step=i // 3)
              for i in range(8)]
     _compare(ex, trace, KVSetup(num_blocks=16, block_size=4, max_num_seqs=8, max_num_batched_tokens=16))
 
@@ -304,16 +314,16 @@ def _(ex):
       "register blocks in commit_written_blocks (after the step), never when allocating them")
 def _(ex):
     prefix = tuple(range(10, 26))  # 4 blocks of 4
-    trace = [KVRequest("long", prefix + (1, 2, 3), 4, priority=9),
-             KVRequest("same-prefix", prefix + (7,), 4, priority=1, arrival_step=1),
-             KVRequest("urgent", tuple(range(40, 52)), 4, priority=2, arrival_step=1)]
+    trace = [TraceRequest("long", prefix + (1, 2, 3), 4, priority=9),
+             TraceRequest("same-prefix", prefix + (7,), 4, priority=1, arrival_step=1),
+             TraceRequest("urgent", tuple(range(40, 52)), 4, priority=2, arrival_step=1)]
     _compare(ex, trace, KVSetup(num_blocks=7, block_size=4, max_num_batched_tokens=14, policy="priority"))
 
 
 @case(CASES, "tenants with a cache_salt share nothing with each other", "PrefixCachingKVCacheManager",
       "the salt changes the first block's hash, and so every hash after it")
 def _(ex):
-    trace = [KVRequest(f"t{i}", SYSTEM + (60 + i,), 4, arrival_step=2 * i, cache_salt=("a", "b", "a", None)[i])
+    trace = [TraceRequest(f"t{i}", SYSTEM + (60 + i,), 4, arrival_step=2 * i, cache_salt=("a", "b", "a", None)[i])
              for i in range(4)]
     _compare(ex, trace, KVSetup(num_blocks=30, block_size=4))
 
@@ -427,13 +437,11 @@ def _(ex):
 
 
 def _beams(kv):
-    from minivllm import BeamSearchParams
-
     with one_cpu_thread():
         llm = _llm(kv)
         prompts = [llm.engine.tokenizer.encode(p) for p in PROMPTS[4:6]]
-        outs = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=8))
-    return {f"{i}/{j}": list(s.token_ids) for i, o in enumerate(outs) for j, s in enumerate(o.sequences)}
+        beams = beam_search(llm, prompts, width=3, max_tokens=8)
+    return {f"{i}/{j}": tokens for i, found in enumerate(beams) for j, tokens in enumerate(found)}
 
 
 @lru_cache(maxsize=1)

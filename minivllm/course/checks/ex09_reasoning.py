@@ -13,9 +13,9 @@ from functools import cache
 
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.policies import SchedulingPolicy, make_policy
-from minivllm.course.arrivals import Arrival, serve_arrivals
 from minivllm.course.checks.ex10_costs import Only
 from minivllm.course.grading import Case, Mismatch, case, expect, expect_raises
+from minivllm.course.harness import TraceRequest, run_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
@@ -373,10 +373,10 @@ def _(ex):
 # On the tiny model: four long requests fill a 20-block pool; three chat requests arrive at step
 # 64, when the pool is full. Nobody sets a priority; the threshold is 16 tokens.
 ENGINE_THRESHOLD = 16
-ENGINE_ARRIVALS = (
-    [Arrival(f"think-{i}", p, 100, step=0) for i, p in enumerate(
+ENGINE_TRACE = (
+    [TraceRequest(f"think-{i}", p, 100) for i, p in enumerate(
         ["Once upon a time", "The old man said", "In the morning the cat", "She opened the door and"])]
-    + [Arrival(f"chat-{i}", p, 12, step=64) for i, p in enumerate(["Hello, how are", "The sky is", "A dog and a"])]
+    + [TraceRequest(f"chat-{i}", p, 12, arrival_step=64) for i, p in enumerate(["Hello, how are", "The sky is", "A dog and a"])]
 )
 
 
@@ -386,7 +386,7 @@ def serve_tiny(policy):
     llm = LLM(scheduling_policy=policy, num_kv_blocks=20, max_model_len=160, enable_prefix_caching=False,
               debug_checks=True)
     with one_cpu_thread():
-        return serve_arrivals(llm, ENGINE_ARRIVALS, max_steps=2000)
+        return run_trace(llm, ENGINE_TRACE, max_steps=2000)
 
 
 @cache
@@ -409,7 +409,7 @@ def _(ex):
         raise Mismatch("some preemption (the pool is too small for everyone)", "none")
     chat_victims = sorted(rid for rid in run.preemptions if rid.startswith("chat"))
     expect(chat_victims, [], "chat requests preempted")
-    for a in ENGINE_ARRIVALS:
-        if a.request_id.startswith("chat") and run.wait(a.request_id, a.step) >= ref.wait(a.request_id, a.step):
-            raise Mismatch(f"first token in fewer than {ref.wait(a.request_id, a.step)} steps (FCFS)",
-                           f"{run.wait(a.request_id, a.step)} steps", f"{a.request_id}, arrived at step {a.step}")
+    for r in ENGINE_TRACE:
+        if r.request_id.startswith("chat") and run.wait(r.request_id) >= ref.wait(r.request_id):
+            raise Mismatch(f"first token in fewer than {ref.wait(r.request_id)} steps (FCFS)",
+                           f"{run.wait(r.request_id)} steps", f"{r.request_id}, arrived at step {r.arrival_step}")

@@ -4,13 +4,15 @@ A step's flat batch mixes two kinds of rows that want different shapes of work:
 
 * **decode rows** (one new token): batched, in a few buckets of similar context length.
   Sorted by length, a bucket holds sequences whose contexts are within a factor of 1.5 of
-  each other, and each gathers its blocks only up to the longest context *of its bucket* (a
-  prompt in the same step does not stretch them, nor does one long decode stretch 63 short
-  ones). The query heads that share a KV head become the rows of one small attention per
-  (sequence, KV head), ``[group, keys]``, so K/V are never repeated per query head;
+  each other, and each gathers keys only up to the longest context *of its bucket* (a prompt
+  in the same step does not stretch them, nor does one long decode stretch 63 short ones).
+  A shorter sequence's positions past its end are gathered from its own first slot
+  (:func:`~minivllm.attention.cache_ops.owned_slots`) and masked, so no slot it does not own
+  enters the product. The query heads that share a KV head become the rows of one small
+  attention per (sequence, KV head), ``[group, keys]``, so K/V are never repeated per query head;
 * **prefill rows** (a prompt, a prompt chunk, a chunk after a prefix-cache hit): one sequence
-  at a time, causal attention of its ``q`` new tokens over its ``c`` cached positions and
-  itself, ``[q, c + q]`` per head.
+  at a time, causal attention of its ``q`` new tokens over its ``c`` cached positions (exactly
+  those, sliced from its blocks) and itself, ``[q, c + q]`` per head.
 
 So a step costs what its tokens cost: a 1,000-token prompt next to 63 decodes costs the prompt
 plus the decodes, not 64 padded prompts (``torch_padded.py`` is that padded version, kept as a
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention.cache_ops import gather_blocks, store_kv
+from minivllm.attention.cache_ops import gather_blocks, gather_slots, owned_slots, store_kv
 from minivllm.attention.metadata import AttentionMetadata
 
 
@@ -36,8 +38,9 @@ class DecodeRows:
     together (one bucket of :attr:`RaggedStepPlan.decode`)."""
 
     token_rows: torch.Tensor | None  # [n] int64 rows of the flat batch; None: all rows, in order
-    block_tables: torch.Tensor  # [n, nb] int64 blocks up to the bucket's longest context
-    key_bias: torch.Tensor  # [n, 1, 1, nb * block_size]: 0 where position < seq_len, else -inf
+    key_slots: torch.Tensor  # [n, L] int32 slot of each key position, L = the bucket's longest
+    #                          sequence; positions >= seq_len repeat the sequence's first slot
+    key_bias: torch.Tensor  # [n, 1, 1, L]: 0 where position < seq_len, else -inf
 
 
 @dataclass
@@ -112,8 +115,8 @@ def length_buckets(lengths: list[int], spread: float = 1.5) -> list[list[int]]:
     """Indices of ``lengths`` grouped so that within a group the longest is at most ``spread``
     times the shortest: sorted ascending, a new group starts when a length exceeds that bound.
     Padding each group to its own longest wastes less than ``spread`` x its keys, in a handful
-    of groups (about log(max / min) / log(spread)). 1.5 measured best on the tiny model with 64
-    decodes (more groups cost more calls; wider ones more padded keys)."""
+    of groups (about log(max / min) / log(spread)): more groups cost more calls, wider ones more
+    padded keys. ``benchmarks/mixed_steps.py`` measures the trade-off on the tiny model."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     buckets: list[list[int]] = []
     for i in order:
@@ -134,16 +137,16 @@ def _decode_rows(
     all_rows: bool = False,
 ) -> DecodeRows:
     lens = [seq_lens[s] for s in seqs]
-    num_blocks = -(-max(lens) // meta.block_size)
+    length = max(lens)
+    num_blocks = -(-length // meta.block_size)
     if all_rows and seqs == list(range(len(seqs))):  # decode only, one bucket: sequence i is row i
         rows, tables = None, meta.block_tables[:, :num_blocks]
     else:
         rows = torch.tensor(token_rows, dtype=torch.long, device=device)
         tables = meta.block_tables[torch.tensor(seqs, device=meta.block_tables.device), :num_blocks]
-    positions = torch.arange(num_blocks * meta.block_size, device=device)
-    lens_t = torch.tensor(lens, device=device)
-    key_bias = additive_bias(positions[None, :] < lens_t[:, None], dtype)[:, None, None, :]
-    return DecodeRows(rows, tables.long().contiguous(), key_bias)
+    readable = torch.arange(length, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
+    key_slots = owned_slots(tables, readable, meta.block_size)
+    return DecodeRows(rows, key_slots, additive_bias(readable, dtype)[:, None, None, :])
 
 
 def _prefill_rows(
@@ -193,12 +196,13 @@ def decode_attention(
 
     The ``group = num_heads / num_kv_heads`` query heads that read one KV head are viewed as
     ``group`` query rows of that head: ``[num_decodes, KVH, group, D]`` against keys
-    ``[num_decodes, KVH, L, D]``. Returns ``[num_decodes, num_heads, head_dim]``.
+    ``[num_decodes, KVH, L, D]``, gathered slot by slot from what each sequence owns.
+    Returns ``[num_decodes, num_heads, head_dim]``.
     """
     num_decodes, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    k = gather_blocks(k_cache, rows.block_tables).to(query.dtype).transpose(1, 2)  # [N, KVH, L, D]
-    v = gather_blocks(v_cache, rows.block_tables).to(query.dtype).transpose(1, 2)
+    k = gather_slots(k_cache, rows.key_slots).to(query.dtype).transpose(1, 2)  # [N, KVH, L, D]
+    v = gather_slots(v_cache, rows.key_slots).to(query.dtype).transpose(1, 2)
     q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_bias, scale=scale)
     return out.reshape(num_decodes, num_heads, head_dim)

@@ -1,9 +1,11 @@
 """Decide, before any Triton kernel is defined, whether kernels run compiled or interpreted.
 
 Triton reads ``TRITON_INTERPRET`` when a ``@triton.jit`` function is *defined*, not when it is
-launched. So this module must run before any kernel module is imported; ``minivllm/__init__.py``
-imports it first. On a machine without a CUDA device we switch on the interpreter, which runs
-kernels on the CPU with NumPy: slow, but exact enough to learn from and to test against.
+launched. So this module must run before any kernel module is imported: the attention package's
+``__init__.py`` imports it first, and importing any module of the package (a kernel module
+included) runs that ``__init__.py`` before the module itself. On a machine without a CUDA device
+we switch on the interpreter, which runs kernels on the CPU with NumPy: slow, but exact enough to
+learn from and to test against. This module imports nothing else from ``minivllm``.
 
 Triton's own library (``tl.zeros``, ``tl.sum``, ``tl.max``, ``tl.cdiv``, ...) is made of
 ``@triton.jit`` functions too, defined when ``triton`` is first imported. If something imported
@@ -11,7 +13,8 @@ Triton before us (``import triton``, ``import torch._inductor``, a ``transformer
 call), those were defined for a GPU, and an interpreted kernel that calls one fails with
 ``Cannot call @triton.jit'd outside of the scope of a kernel``. :func:`configure_triton` then
 rebuilds them as interpreted functions, which is what Triton would have built had the flag been
-set in time; :func:`check_interpreter_ready` says clearly what to do if that is not enough.
+set in time; ``TritonAttentionBackend`` checks that this worked for every function its kernels
+reach, and says clearly what to do if not.
 """
 
 from __future__ import annotations
@@ -104,40 +107,6 @@ def reinterpret_triton_library() -> int:
                 rebuilt[id(value)] = twin
             setattr(namespace, key, twin)
     return len(rebuilt)
-
-
-def check_interpreter_ready() -> None:
-    """Raise a clear error if interpreted kernels would call compiled Triton functions.
-
-    With ``TRITON_INTERPRET=1`` every ``@triton.jit`` function that our kernels reach (Triton's
-    library and our own kernels) must be an interpreted one. Called when a Triton backend is
-    created, so a broken setup fails at ``LLM(attention_backend="triton")``, not mid-step.
-    """
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    from minivllm.attention import triton_cache, triton_decode, triton_prefill
-
-    functions = {
-        "triton.language.zeros": tl.zeros,
-        "triton.language.sum": tl.sum,
-        "triton.language.max": tl.max,
-        "_reshape_and_cache_kernel": triton_cache._reshape_and_cache_kernel,
-        "_paged_decode_kernel": triton_decode._paged_decode_kernel,
-        "online_softmax_step": triton_decode.online_softmax_step,
-        "_paged_prefill_kernel": triton_prefill._paged_prefill_kernel,
-    }
-    compiled = [name for name, fn in functions.items() if not isinstance(fn, InterpretedFunction)]
-    if compiled:
-        raise RuntimeError(
-            f"TRITON_INTERPRET=1, but {compiled} were defined as compiled GPU functions: Triton "
-            "read the flag before it was set (it is read when a @triton.jit function is defined, "
-            "e.g. when `import triton`, `import torch._inductor` or a transformers `generate` call "
-            "ran before `import minivllm`). Fix: `import minivllm` first, or start Python with "
-            "TRITON_INTERPRET=1 in the environment."
-        )
 
 
 TRITON_MODE = configure_triton()
