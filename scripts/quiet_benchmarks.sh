@@ -15,12 +15,12 @@
 #   serving_vllm   benchmarks/serving.py --vllm-python: vLLM's own client (vllm.benchmarks.serve,
 #                  random dataset, 128 tokens in / 128 out, 200 requests per rate) against
 #                  `minivllm serve` (its defaults, then --cpu-threads 2) and `vllm serve` on the
-#                  tiny model, at saturation and at 8, 16 and 24 requests/s    (~5 min)
+#                  tiny model, at saturation and at 8, 16 and 24 requests/s    (~6 min)
 #   vs_vllm_equal  benchmarks/vs_vllm.py --equal-threads: the offline engines, each one's default
 #                  threads, 1 vs 1, 2 vs 2; best of 2 rounds                    (~4 min)
 #   vs_vllm_busy   benchmarks/vs_vllm.py --busy: the same beside a CPU-bound competitor   (~3.5 min)
 #   delta_outputs  benchmarks/delta_outputs.py: the cost of an output token at 100 and 10,000
-#                  tokens into an answer, delta and cumulative outputs          (~1 min)
+#                  tokens into an answer, delta and cumulative outputs          (~0.5 min)
 #   soak           benchmarks/soak.py --requests 1000: wrong tokens and leaked blocks   (~0.5 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,10 +41,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's minivllm
 # --- the plan: name | estimate on a quiet 2-core machine (s) | time limit (s) | command --------
 STEPS=(serving_vllm vs_vllm_equal vs_vllm_busy delta_outputs soak)
 declare -A ESTIMATE LIMIT CMD
-ESTIMATE[serving_vllm]=300;  LIMIT[serving_vllm]=900
+ESTIMATE[serving_vllm]=360;  LIMIT[serving_vllm]=900
 ESTIMATE[vs_vllm_equal]=240; LIMIT[vs_vllm_equal]=600
 ESTIMATE[vs_vllm_busy]=210;  LIMIT[vs_vllm_busy]=600
-ESTIMATE[delta_outputs]=60;  LIMIT[delta_outputs]=300
+ESTIMATE[delta_outputs]=30;  LIMIT[delta_outputs]=300
 ESTIMATE[soak]=30;           LIMIT[soak]=300
 CMD[serving_vllm]="$PY benchmarks/serving.py --vllm-python $VLLM_PY --num-prompts 200 --rates inf 8 16 24 --minivllm-args '' --minivllm-args '--cpu-threads 2' --json $OUT/serving_vllm.json"
 CMD[vs_vllm_equal]="$PY benchmarks/vs_vllm.py --vllm-python $VLLM_PY --equal-threads --repeats 2"
