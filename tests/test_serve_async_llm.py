@@ -391,6 +391,10 @@ def test_a_bug_while_handling_outputs_fails_the_callers_and_stops_the_core(loop,
                 pass
         assert not served.is_running
         await served.shutdown()
+        # every output that arrived after the bug found the core stopping: one stop, awaited
+        # by shutdown(), not a task per output left running after it
+        stopping = [t for t in asyncio.all_tasks() if "close" in t.get_coro().__qualname__ and not t.done()]
+        assert not stopping, stopping
 
     loop.run(main())
     assert served.engine.core_client.proc.wait(30) is not None, "the core process must be gone"

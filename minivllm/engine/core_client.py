@@ -75,6 +75,7 @@ class CoreConnection:
         self.alive = True
         self._ids = itertools.count()
         self._calls: dict[int, asyncio.Future] = {}
+        self._closing: asyncio.Future | None = None
 
     def send(self, command) -> None:
         raise NotImplementedError
@@ -88,7 +89,19 @@ class CoreConnection:
         self.send(UtilityCall(call_id, method, args))
         return await future
 
+    def begin_close(self) -> asyncio.Future:
+        """Start stopping the core (on the event loop) and return what to await. Whoever asks
+        again gets the same future: one stop, however many found that the core must stop, and
+        nothing left running that nobody waits for."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        return self._closing
+
     async def close(self) -> None:
+        """Stop the core and wait until it has stopped."""
+        await asyncio.shield(self.begin_close())
+
+    async def _close(self) -> None:
         raise NotImplementedError
 
     def _dispatch(self, message) -> None:
@@ -204,7 +217,7 @@ class _ThreadConnection(CoreConnection):
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         if self._thread.is_alive():
             self._commands.put(SHUTDOWN)
             await asyncio.to_thread(self._thread.join)

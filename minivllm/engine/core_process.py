@@ -324,7 +324,7 @@ class _SocketConnection(CoreConnection):
 
         asyncio.ensure_future(report())
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         self.alive = False
         proc = self.client.proc
         if proc.poll() is None and self.transport is not None and not self.transport.is_closing():

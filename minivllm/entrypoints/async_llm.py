@@ -331,7 +331,7 @@ class AsyncLLM:
         except Exception as error:  # a bug here: never leave callers hanging
             self._on_dead(EngineDeadError(f"handling the engine's outputs failed: {error!r}"))
             if self._connection is not None:
-                asyncio.ensure_future(self._connection.close())
+                self._connection.begin_close()  # shutdown() waits for the same stop
 
     def _handle(self, message: EngineCoreOutputs) -> None:
         now = time.perf_counter()
