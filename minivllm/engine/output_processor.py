@@ -184,7 +184,8 @@ class OutputProcessor:
                     now = now if now is not None else self.clock()
                     family.metrics.first_token_time = now
                 stop = self._append(state, d)
-                result.new_tokens[family.request_id] = result.new_tokens.get(family.request_id, 0) + len(d.new_token_ids)
+                family_id = family.request_id
+                result.new_tokens[family_id] = result.new_tokens.get(family_id, 0) + len(d.new_token_ids)
                 if stop is not None:
                     state.stop_reason = stop
                     self._end(state, "stop", result)
