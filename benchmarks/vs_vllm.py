@@ -22,6 +22,7 @@ engine's whole run, to see how each engine copes with a machine it does not have
     python benchmarks/vs_vllm.py --vllm-python ~/.cache/minivllm/vllm-venv/bin/python
         [--num-requests 128] [--max-num-seqs 64] [--seed 0] [--threads N] [--vllm-threads N]
         [--vllm-multiprocessing] [--busy] [--busy-threads 2] [--repeats 1] [--profile] [--quick]
+        [--equal-threads]   # each engine's default threads, 1 vs 1 and 2 vs 2, in one run
 
 Without ``--vllm-python``, or when vLLM does not import with that interpreter, it says so and
 exits with status 0 (the comparison is optional; nothing else needs vLLM).
@@ -451,6 +452,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--vllm-multiprocessing", action="store_true",
                     help="run vLLM's engine core and model worker in separate processes, "
                          "where VLLM_CPU_OMP_THREADS_BIND pins the worker's threads")
+    ap.add_argument("--equal-threads", action="store_true",
+                    help="three comparisons in one run: each engine's default threads, 1 vs 1, 2 vs 2 "
+                         "(--threads / --vllm-threads are then ignored)")
     ap.add_argument("--busy", action="store_true", help="run a CPU-bound competitor throughout")
     ap.add_argument("--busy-threads", type=int, default=2, help="torch threads of the competitor")
     ap.add_argument("--repeats", type=int, default=1,
@@ -475,8 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.vllm_python:
         print(NO_VLLM_PYTHON)
         return 0
-    env = vllm_env(args.vllm_threads, args.vllm_multiprocessing)
-    version, why = probe_vllm(args.vllm_python, env)
+    version, why = probe_vllm(args.vllm_python, vllm_env(args.vllm_threads, args.vllm_multiprocessing))
     if version is None:
         print(f"SKIPPED: vLLM cannot be imported with {args.vllm_python}: {why}\n"
               "Run scripts/setup_vllm_venv.sh to (re)build that environment.")
@@ -488,19 +491,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     busy_threads = args.busy_threads if args.busy else None
     busy = (f"1 process squaring a 384x384 matrix with {busy_threads} torch threads, through "
             "each engine's whole run" if args.busy else "none started by this script")
-    rounds = []
-    for _ in range(args.repeats):  # alternate the engines, so both meet the same noise
-        ours = measured(lambda: run_minivllm(request, args.threads, args.profile), busy_threads)
-        theirs = measured(lambda: run_vllm(args.vllm_python, request, env, args.vllm_timeout),
-                          busy_threads)
-        for run in (ours, theirs):
-            got = [len(o) for o in run.outputs]
-            if got != request["max_tokens"]:
-                raise RuntimeError(f"{run.engine} returned output lengths {got[:8]}..., "
-                                   f"expected {request['max_tokens'][:8]}...")
-        rounds.append((ours, theirs))
-    print(report(trace, request, rounds, busy, argv))
+    configs = (EQUAL_THREADS if args.equal_threads else
+               [(thread_label(args.threads, args.vllm_threads), args.threads, args.vllm_threads)])
+    summary = []
+    for label, ours_threads, their_threads in configs:
+        env = vllm_env(their_threads, args.vllm_multiprocessing)
+        rounds = []
+        for _ in range(args.repeats):  # alternate the engines, so both meet the same noise
+            ours = measured(lambda t=ours_threads: run_minivllm(request, t, args.profile), busy_threads)
+            theirs = measured(lambda e=env: run_vllm(args.vllm_python, request, e, args.vllm_timeout),
+                              busy_threads)
+            for run in (ours, theirs):
+                got = [len(o) for o in run.outputs]
+                if got != request["max_tokens"]:
+                    raise RuntimeError(f"{run.engine} returned output lengths {got[:8]}..., "
+                                       f"expected {request['max_tokens'][:8]}...")
+            rounds.append((ours, theirs))
+        if len(configs) > 1:
+            print(f"\n### threads: {label}\n")
+        print(report(trace, request, rounds, busy, argv))
+        summary.append((label, rounds))
+    if len(configs) > 1:
+        print("\n" + thread_summary(summary))
     return 0
+
+
+# --equal-threads: each engine's own choice, then both on 1 thread, then both on 2
+EQUAL_THREADS = [("each engine's default", None, None), ("1 vs 1", 1, 1), ("2 vs 2", 2, 2)]
+
+
+def thread_label(ours: int | None, theirs: int | None) -> str:
+    return f"{'default' if ours is None else ours} vs {'default' if theirs is None else theirs}"
+
+
+def thread_summary(summary) -> str:
+    """One row per thread configuration: the best round of each engine and their ratio."""
+    lines = ["| threads (minivllm vs vLLM) | minivllm output tok/s | vLLM output tok/s | minivllm / vLLM "
+             "(best / best) | per round |", "|---|---:|---:|---:|---|"]
+    for label, rounds in summary:
+        ours = max(o.output_tokens_per_s() for o, _ in rounds)
+        theirs = max(t.output_tokens_per_s() for _, t in rounds)
+        per_round = ", ".join(f"{o.output_tokens_per_s() / t.output_tokens_per_s():.2f}x" for o, t in rounds)
+        lines.append(f"| {label} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f}x | {per_round} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

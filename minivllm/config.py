@@ -87,6 +87,9 @@ class EngineArgs:
     cpu_threads: int | None = None  # torch threads on a CPU; None: 1 for small models (see engine)
     debug_checks: bool = False  # check KV invariants and every K/V read after each step
     engine_core: Any = None  # the step loop: an EngineCore subclass or factory (default EngineCore)
+    # the engine core (scheduler, KV cache, model) in a process of its own, reached through
+    # messages; False: in the caller's process (notebooks, debugging, plug-ins from a notebook)
+    engine_core_process: bool = False
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -108,7 +111,7 @@ class EngineArgs:
         check_int("max_model_len", self.max_model_len, 2, allow_none=True)
         check_int("seed", self.seed, 0, allow_none=True)
         check_int("cpu_threads", self.cpu_threads, 1, allow_none=True)
-        for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks"):
+        for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks", "engine_core_process"):
             check_bool(name, getattr(self, name))
         check_bool("enable_prefix_caching", self.enable_prefix_caching, allow_none=True)
         _check_choice("scheduler", self.scheduler, SCHEDULERS, SchedulerInterface, factory_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,3 +90,17 @@ class RequestOutput:
     metrics: RequestMetrics | None = field(default=None, repr=False)
     # with SamplingParams(prompt_logprobs=k): one entry per prompt token (None for the first)
     prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)
+
+
+class RequestOutputKind(enum.Enum):
+    """What each ``RequestOutput`` of a request holds (vLLM's ``RequestOutputKind``).
+
+    ``CUMULATIVE``: everything so far, every time (``LLMEngine.step``'s default; building it
+    costs as much as the answer is long); ``DELTA``: only what is new since the request's
+    previous output (streams: ``LLM.stream``, ``AsyncLLM``; costs what is new); ``FINAL_ONLY``:
+    one output, the whole answer, when the request ends (``LLM.generate``, a non-streaming
+    HTTP reply)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2

@@ -15,7 +15,6 @@ from support import assert_idle_and_empty
 
 from minivllm import LLM, BeamSearchParams, SamplingParams
 from minivllm.engine.sampler import Sampler
-from minivllm.request import RequestStatus
 from minivllm.sampling_params import GREEDY_TEMPERATURE, MAX_N, MAX_STOP_STRINGS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -232,7 +231,7 @@ def test_a_user_id_that_names_another_requests_sample_is_refused(llm):
     e = llm.engine
     e.add_request("foo", "Once upon a time", SamplingParams(n=2, seed=1, max_tokens=6))
     e.step()
-    e.core.finish_requests(["foo#1"], RequestStatus.FINISHED_STOPPED)  # as a stop string would
+    e.abort_request("foo#1")  # one sample ends (as at a stop string); foo runs on
     with pytest.raises(ValueError, match=r"request_id 'foo#1' is already in use"):
         e.add_request("foo#1", "The little fox", GREEDY)
     e.add_request("bar#0", "The little fox", GREEDY)

@@ -1,9 +1,12 @@
 """``minivllm serve`` end to end, through the official ``openai`` client.
 
-One server per module runs in a background thread on a free loopback port; its greedy outputs
-are checked against ``LLM.generate`` with the same parameters (and chat prompts against
-Hugging Face's own rendering of the chat template). The graceful-shutdown test starts the real
-command in a subprocess and sends it SIGTERM.
+One server per module runs in a background thread on a free loopback port, with the engine core
+in a process of its own as ``minivllm serve`` runs it; its greedy outputs are checked against
+``LLM.generate`` with the same parameters (and chat prompts against Hugging Face's own
+rendering of the chat template). What must hold whichever way the core runs -- a failed request
+fails alone, a client that leaves frees its blocks, a dead core makes the server unhealthy, the
+metrics -- is checked in both modes. The graceful-shutdown tests start the real command in a
+subprocess and send it signals; one kills the server and checks that its core does not outlive it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -34,14 +38,32 @@ from minivllm.entrypoints.launcher import DEFAULT_MODEL_NAME, start_in_thread  #
 
 MODEL = DEFAULT_MODEL_NAME
 ENGINE_ARGS = {"max_num_seqs": 64, "seed": 0}
+MODES = ("process", "thread")
 PROMPTS = ["Once upon a time", "The little fox", "Mia had a red ball", "One sunny day, Leo"]
 
 
 # --- fixtures and helpers -------------------------------------------------------------------
+def serve(mode: str = "process", **engine_args):
+    """A server in a thread of this process, its engine core in a process of its own
+    (``minivllm serve``'s default) or in a thread."""
+    max_waiting = engine_args.pop("max_waiting", None)
+    llm = AsyncLLM.from_engine_args(max_waiting=max_waiting, engine_core_process=mode == "process", **engine_args)
+    return start_in_thread(llm)
+
+
 @pytest.fixture(scope="module")
 def server():
-    llm = AsyncLLM.from_engine_args(**ENGINE_ARGS)
-    with start_in_thread(llm) as srv:
+    with serve(**ENGINE_ARGS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module", params=MODES)
+def mode_server(request):
+    """A small server in each mode, whose core fails on cue (tests/core_faults.py): the tests
+    that take it check what must hold whichever way the core runs."""
+    from core_faults import FaultyCore
+
+    with serve(request.param, max_num_seqs=8, seed=0, engine_core=FaultyCore) as srv:
         yield srv
 
 
@@ -80,16 +102,23 @@ def wait_until(predicate, timeout: float = 20.0, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def core_state(srv):
+    """The engine core's own account (running, waiting, KV blocks in use, samples held)."""
+    return srv.run(srv.llm.core_state())
+
+
 def assert_idle(srv) -> None:
-    """No request running or waiting, every KV block free: on the gauges and in the engine."""
-    wait_until(lambda: not srv.llm.engine.has_unfinished_requests(), what="the engine to go idle")
+    """No request running or waiting, every KV block free: on the gauges and in the core."""
+    wait_until(lambda: core_state(srv).num_unfinished == 0 and not srv.llm.output_processor.families,
+               what="the engine to go idle")
     m = wait_until(
         lambda: (lambda m: m if m["minivllm_num_requests_running"] == 0 else None)(read_metrics(srv.url)),
         what="the running gauge to reach 0",
     )
     assert m["minivllm_num_requests_waiting"] == 0
     assert m["minivllm_kv_cache_usage_ratio"] == 0
-    assert srv.llm.engine.kv.num_used_blocks == 0
+    assert core_state(srv).kv_blocks_used == 0
+    srv.run(srv.llm.check_invariants())
 
 
 def error_of(exc: openai.APIStatusError) -> dict:
@@ -243,27 +272,30 @@ def aborts(url: str) -> float:
     return read_metrics(url).get('minivllm_request_success_total{finished_reason="abort"}', 0.0)
 
 
-def test_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(client, server):
-    before = aborts(server.url)
+def test_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(mode_server):
+    srv = mode_server
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    before = aborts(srv.url)
     stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1500, temperature=0,
                                        stream=True, extra_body={"ignore_eos": True})
     pieces = [next(iter(stream)).choices[0].text for _ in range(3)]
     assert all(isinstance(p, str) for p in pieces)
-    assert server.llm.engine.has_unfinished_requests()
+    assert core_state(srv).kv_blocks_used > 0
     stream.close()
-    wait_until(lambda: aborts(server.url) == before + 1, what="the abort")
-    assert_idle(server)
+    wait_until(lambda: aborts(srv.url) == before + 1, what="the abort")
+    assert_idle(srv)
     # ...and the server still serves
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=3).usage.completion_tokens == 3
 
 
-def test_client_that_gives_up_on_a_non_streaming_request_is_aborted(server):
-    before = aborts(server.url)
+def test_client_that_gives_up_on_a_non_streaming_request_is_aborted(mode_server):
+    srv = mode_server
+    before = aborts(srv.url)
     body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 1500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
-    wait_until(lambda: aborts(server.url) == before + 1, what="the abort")
-    assert_idle(server)
+        httpx.post(srv.url + "/v1/completions", json=body, timeout=0.5)
+    wait_until(lambda: aborts(srv.url) == before + 1, what="the abort")
+    assert_idle(srv)
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -320,38 +352,33 @@ def test_unknown_model_and_route_get_404(client, server):
     assert httpx.get(server.url + "/v1/nothing").json()["error"]["type"] == "not_found_error"
 
 
-def test_a_request_the_engine_fails_gets_an_error_and_the_server_goes_on(client, server, reference):
+def test_a_request_the_engine_fails_gets_an_error_and_the_server_goes_on(mode_server, reference):
     """A stop token id beyond the vocabulary is refused at the door (400 naming it). A request
     whose logits come out NaN is failed by the engine alone: its caller gets a 500 with the
-    reason, a concurrent request and later ones are served as if nothing happened."""
+    reason, a concurrent request and later ones are served as if nothing happened. A step that
+    raises fails the requests in flight (500, or an error event on a stream) and no others."""
+    from core_faults import BOOM, POISON
+
+    srv = mode_server
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     bad = {"min_tokens": 2, "stop_token_ids": [1_000_000]}
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, extra_body=bad)
     assert "1000000" in error_of(info.value)["message"]
 
-    runner = server.llm.engine.runner
-    real = runner.sampler
-    victim = reference.tokenizer(PROMPTS[1]).input_ids
-
-    class NaNForOnePrompt:
-        def __call__(self, logits, requests):
-            for i, r in enumerate(requests):
-                if r.prompt_token_ids == victim:
-                    logits[i, 0] = float("nan")
-            return real(logits, requests)
-
-    runner.sampler = NaNForOnePrompt()
-    try:
-        with pytest.raises(openai.InternalServerError) as info:
-            client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=8)
-        assert "non-finite logits" in error_of(info.value)["message"]
-        with pytest.raises(openai.APIError):  # the same, streamed
-            list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=8, stream=True))
-        resp = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=16, temperature=0)
-    finally:
-        runner.sampler = real
-    assert_idle(server)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model=MODEL, prompt=POISON, max_tokens=8)
+    assert "non-finite logits" in error_of(info.value)["message"]
+    with pytest.raises(openai.APIError, match="non-finite logits"):  # the same, streamed
+        list(client.completions.create(model=MODEL, prompt=POISON, max_tokens=8, stream=True))
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model=MODEL, prompt=BOOM, max_tokens=8)
+    assert "RuntimeError: boom in the model" in error_of(info.value)["message"]
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=16, temperature=0)
+    assert_idle(srv)
     assert resp.choices[0].text == reference.generate([PROMPTS[3]], greedy(16), use_tqdm=False)[0].outputs[0].text
+    failures = read_metrics(srv.url)["minivllm_request_failure_total"]
+    assert failures >= 3
 
 
 def test_logprobs_match_the_engine(client, reference):
@@ -370,19 +397,26 @@ def test_models_and_health(client, server):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
-def test_metrics_are_valid_prometheus_text(server, client):
+def test_metrics_are_valid_prometheus_text(mode_server):
     parser = pytest.importorskip("prometheus_client.parser")
+    client = openai.OpenAI(base_url=mode_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
-    resp = httpx.get(server.url + "/metrics")
+    resp = httpx.get(mode_server.url + "/metrics")
     assert resp.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in parser.text_string_to_metric_families(resp.text)}
-    for name, kind in [("minivllm_num_requests_running", "gauge"), ("minivllm_num_requests_waiting", "gauge"),
-                       ("minivllm_kv_cache_usage_ratio", "gauge"), ("minivllm_prefix_cache_hit_rate", "gauge"),
-                       ("minivllm_num_preemptions", "counter"),
-                       ("minivllm_time_to_first_token_seconds", "histogram"),
-                       ("minivllm_inter_token_latency_seconds", "histogram"),
-                       ("minivllm_e2e_request_latency_seconds", "histogram")]:
-        assert families[name].type == kind, name
+    assert {name: f.type for name, f in families.items()} == {  # the same series in both modes
+        "minivllm_num_requests_running": "gauge", "minivllm_num_requests_waiting": "gauge",
+        "minivllm_kv_cache_usage_ratio": "gauge", "minivllm_prefix_cache_hit_rate": "gauge",
+        "minivllm_num_preemptions": "counter", "minivllm_prompt_tokens": "counter",
+        "minivllm_generation_tokens": "counter", "minivllm_request_success": "counter",
+        "minivllm_request_failure": "counter", "minivllm_request_rejected": "counter",
+        "minivllm_engine_steps": "counter", "minivllm_time_to_first_token_seconds": "histogram",
+        "minivllm_inter_token_latency_seconds": "histogram", "minivllm_e2e_request_latency_seconds": "histogram",
+        "minivllm_iteration_batch_size": "histogram",
+    }
+    samples = read_metrics(mode_server.url)
+    assert samples["minivllm_engine_steps_total"] >= 4 and samples["minivllm_generation_tokens_total"] >= 4
+    assert samples["minivllm_iteration_batch_size_count"] == samples["minivllm_engine_steps_total"]
     ttft = {s.labels.get("le"): s.value for s in families["minivllm_time_to_first_token_seconds"].samples
             if s.name.endswith("_bucket")}
     counts = [ttft[k] for k in ttft]
@@ -398,8 +432,7 @@ def test_prefix_cache_hit_rate_is_reported(server, client):
 
 # --- load shedding -----------------------------------------------------------------------------
 def test_full_queue_gets_503_with_retry_after():
-    llm = AsyncLLM.from_engine_args(max_num_seqs=1, max_waiting=1)
-    with start_in_thread(llm) as srv:
+    with serve(max_num_seqs=1, max_waiting=1) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         long = client.completions.create(model=MODEL, prompt="Once", max_tokens=1500, stream=True,
                                          extra_body={"ignore_eos": True})
@@ -439,11 +472,12 @@ def read_sse(url: str, body: dict, events: list[str], first: threading.Event) ->
 LONG_STREAM = {"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
-def test_shutdown_drains_then_aborts_running_streams():
+@pytest.mark.parametrize("mode", MODES)
+def test_shutdown_drains_then_aborts_running_streams(mode):
     """The shutdown sequence in-process (the SIGTERM test below adds the real signal and the
     exit status): refuse new connections, give running requests the grace period, then end
-    their streams with finish_reason "abort", free every block and stop the engine loop."""
-    llm = AsyncLLM.from_engine_args(max_num_seqs=4)
+    their streams with finish_reason "abort", free every block and stop the engine core."""
+    llm = AsyncLLM.from_engine_args(max_num_seqs=4, engine_core_process=mode == "process")
     srv = start_in_thread(llm, grace=0.5)
     events: list[str] = []
     first = threading.Event()
@@ -458,9 +492,35 @@ def test_shutdown_drains_then_aborts_running_streams():
     last = json.loads(events[-2])["choices"][0]
     assert last["finish_reason"] == "abort", "2000 tokens cannot finish in a 0.5 s grace period"
     assert not llm.is_running
-    assert not llm.engine.has_unfinished_requests() and llm.engine.kv.num_used_blocks == 0
+    if mode == "process":
+        assert llm.engine.core_client.proc.returncode == 0, "the core process must have exited cleanly"
+    else:
+        assert not llm.engine.has_unfinished_requests() and llm.engine.kv.num_used_blocks == 0
     with pytest.raises(httpx.TransportError):
         httpx.get(srv.url + "/health", timeout=5)
+
+
+def test_a_killed_core_fails_its_streams_and_the_server_reports_unhealthy():
+    """The core process dies (SIGKILL): the stream in flight ends with an error event and
+    [DONE], /health answers 503, new requests get 503 ``engine_unavailable``; /metrics still
+    answers. The server does not restart the core (see docs/serving.md): a supervisor that
+    watches /health restarts the whole server."""
+    with serve(max_num_seqs=4) as srv:
+        events: list[str] = []
+        first = threading.Event()
+        reader = threading.Thread(target=read_sse, args=(srv.url, LONG_STREAM, events, first))
+        reader.start()
+        assert first.wait(60)
+        os.kill(srv.llm.engine.core_client.pid, signal.SIGKILL)
+        reader.join(30)
+        assert not reader.is_alive() and events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 503 and "SIGKILL" in error["message"], error
+        health = httpx.get(srv.url + "/health", timeout=10)
+        assert health.status_code == 503 and "not running" in health.json()["error"]["message"]
+        resp = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=10)
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "engine_unavailable"
+        assert httpx.get(srv.url + "/metrics", timeout=10).status_code == 200
 
 
 @contextlib.contextmanager
@@ -488,9 +548,47 @@ def serve_process(*args: str):
             proc.kill()
 
 
+def core_of(server_pid: int) -> int:
+    """The pid of the engine core process ``minivllm serve`` started (its one child)."""
+    kids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == server_pid]
+    assert len(kids) == 1, f"minivllm serve should have one child, the engine core; it has {kids}"
+    return kids[0]
+
+
+def _ppid(proc_dir: Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"  # exited; its parent has not collected it yet
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+
+
+@needs_proc
+def test_the_core_process_dies_with_a_killed_server():
+    """SIGKILL leaves the server no chance to stop its core: the core sees its socket close and
+    exits by itself -- no engine holding the model and the KV cache is left behind."""
+    with serve_process() as (proc, url):
+        core = core_of(proc.pid)
+        proc.kill()
+        proc.wait(30)
+        wait_until(lambda: gone(core), timeout=30, what="the orphaned core to exit")
+
+
 @pytest.mark.slow
+@needs_proc
 def test_sigterm_stops_accepting_ends_streams_and_exits_0():
     with serve_process("--shutdown-timeout", "2") as (proc, url):
+        core = core_of(proc.pid)
         events: list[str] = []
         first = threading.Event()
         reader = threading.Thread(target=read_sse, args=(url, LONG_STREAM, events, first))
@@ -502,6 +600,7 @@ def test_sigterm_stops_accepting_ends_streams_and_exits_0():
             httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
         reader.join(60)
         assert proc.wait(60) == 0, proc.stdout.read()
+        assert gone(core), "the engine core must stop with the server"
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     # On a CPU the 2000 tokens take far longer than the 2 s grace: the stream is aborted.

@@ -36,7 +36,7 @@ SECRET = ("You are the assistant of Acme Corp. The launch code is 4417 and the v
 
 @pytest.fixture(scope="module")
 def server():
-    llm = AsyncLLM.from_engine_args(**ENGINE_ARGS)
+    llm = AsyncLLM.from_engine_args(**ENGINE_ARGS, engine_core_process=True)  # as minivllm serve runs
     with start_in_thread(llm, door=DoorOptions(read_timeout=READ_TIMEOUT)) as srv:
         yield srv
 
@@ -70,11 +70,12 @@ def stream_chunks(server, body: dict, times: list[float] | None = None) -> list[
 
 
 def wait_idle(server) -> None:
+    """Until the engine core holds no request and no KV block (as the core reports it)."""
     deadline = time.monotonic() + 30
-    while server.llm.engine.has_unfinished_requests():
+    while (state := server.run(server.llm.core_state())).num_unfinished or server.llm.output_processor.families:
         assert time.monotonic() < deadline, "the engine did not go idle"
         time.sleep(0.02)
-    assert server.llm.engine.kv.num_used_blocks == 0
+    assert state.kv_blocks_used == 0
 
 
 # --- one value no longer fails the batch ---------------------------------------------------------

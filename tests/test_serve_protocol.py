@@ -17,7 +17,11 @@ pytest.importorskip("fastapi")
 import minivllm  # noqa: E402
 from minivllm.config import EngineArgs  # noqa: E402
 from minivllm.entrypoints import protocol as api  # noqa: E402
-from minivllm.entrypoints.cli_args import add_serve_arguments, engine_args_from  # noqa: E402
+from minivllm.entrypoints.cli_args import (  # noqa: E402
+    SERVER_ENGINE_DEFAULTS,
+    add_serve_arguments,
+    engine_args_from,
+)
 from minivllm.entrypoints.metrics import Counter, Histogram, ServerMetrics  # noqa: E402
 from minivllm.model.loader import load_tokenizer  # noqa: E402
 
@@ -177,12 +181,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_every_engine_argument_is_a_flag_and_absent_flags_keep_defaults():
-    assert engine_args_from(parse([])) == {}
+    # absent flags keep the engine's defaults, except where the server has its own
+    assert SERVER_ENGINE_DEFAULTS == {"engine_core_process": True}
+    assert engine_args_from(parse(["--device", "cpu"])) == {"engine_core_process": True, "max_num_seqs": 128,
+                                                             "device": "cpu"}
+    assert engine_args_from(parse(["--device", "cuda:0"])) == {"engine_core_process": True, "device": "cuda:0"}
     args = parse(["some/model", "--max-num-seqs", "64", "--block-size", "32", "--no-enable-prefix-caching",
-                  "--scheduler", "static", "--kv-cache-memory", "1000000", "--max-waiting", "5"])
+                  "--scheduler", "static", "--kv-cache-memory", "1000000", "--max-waiting", "5",
+                  "--no-engine-core-process"])
     assert args.model == "some/model" and args.max_waiting == 5
     assert engine_args_from(args) == {"max_num_seqs": 64, "block_size": 32, "enable_prefix_caching": False,
-                                      "scheduler": "static", "kv_cache_memory": 1000000}
+                                      "scheduler": "static", "kv_cache_memory": 1000000,
+                                      "engine_core_process": False}
     EngineArgs.from_kwargs(**engine_args_from(args))
     help_text = argparse.ArgumentParser()
     add_serve_arguments(help_text)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from minivllm.engine.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.metrics import EngineStats
-from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.outputs import RequestOutput, RequestOutputKind
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 Prompt = str | Sequence[int] | dict
@@ -53,7 +53,7 @@ class LLM:
             )
         return list(prompts)
 
-    def _add_all(self, prompts, sampling_params, priority) -> list[str]:
+    def _add_all(self, prompts, sampling_params, priority, kind: RequestOutputKind) -> list[str]:
         """Validate every prompt and its settings, then queue them all (or none)."""
         prompts = self._as_list(prompts)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
@@ -73,7 +73,7 @@ class LLM:
             ids = []
             try:
                 for prompt, sp, pr in checked:
-                    rid = engine.add_request(None, prompt, sp, priority=pr)
+                    rid = engine.add_request(None, prompt, sp, priority=pr, output_kind=kind)
                     self._inboxes[rid] = deque()
                     ids.append(rid)
             except BaseException:
@@ -116,7 +116,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. A request that
         failed ends with ``finish_reason="error"`` and the message in ``outputs[i].error``."""
-        ids = self._add_all(prompts, sampling_params, priority)
+        ids = self._add_all(prompts, sampling_params, priority, RequestOutputKind.FINAL_ONLY)
         done: dict[str, RequestOutput] = {}
         waiting = set(ids)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm, dynamic_ncols=True)
@@ -144,16 +144,16 @@ class LLM:
         """Yield outputs as tokens arrive. With ``delta=True`` each yielded completion holds only
         the new text and token ids since the previous yield for that request. The requests are
         queued when iteration starts; closing the iterator early (``break``) aborts the ones it
-        was still streaming."""
-        ids = self._add_all(prompts, sampling_params, priority)
+        was still streaming. ``delta=False``: each output holds everything so far."""
+        kind = RequestOutputKind.DELTA if delta else RequestOutputKind.CUMULATIVE
+        ids = self._add_all(prompts, sampling_params, priority, kind)
         waiting = set(ids)
-        sent: dict[tuple[str, int], tuple[int, int, int]] = {}  # (text, ids, logprobs) sent
         try:
             while waiting:
                 for out in self._take(waiting):
                     if out.finished:
                         waiting.discard(out.request_id)
-                    yield _delta(out, sent) if delta else out
+                    yield out
         finally:
             self._abandon(waiting)
             for rid in ids:
@@ -175,7 +175,12 @@ class LLM:
     ) -> list[BeamSearchOutput]:
         """Beam search for each prompt; ``outputs[i].sequences[0]`` is the best sequence.
         Beams share KV blocks and fork copy-on-write (see ``minivllm/engine/beam_search.py``).
-        Needs an idle engine (no other call running)."""
+        Needs an idle engine (no other call running) in this process."""
+        if not self.engine.in_process:
+            raise ValueError(
+                "beam search drives the engine core's steps itself and needs it in this process: "
+                "use LLM(..., engine_core_process=False)"
+            )
         with self._lock:
             return run_beam_search(self.engine, self._as_list(prompts), params)
 
@@ -187,6 +192,12 @@ class LLM:
         """Start the statistics afresh (e.g. after a warm-up run)."""
         self.engine.reset_stats()
 
+    def shutdown(self) -> None:
+        """Stop the engine core (``engine_core_process=True``: its process ends). Also done
+        when the ``LLM`` is garbage-collected or the interpreter exits."""
+        with self._lock:
+            self.engine.shutdown()
+
 
 def _drain(box: deque | None) -> list[RequestOutput]:
     if not box:
@@ -194,21 +205,3 @@ def _drain(box: deque | None) -> list[RequestOutput]:
     items = list(box)
     box.clear()
     return items
-
-
-def _delta(out: RequestOutput, sent: dict[tuple[str, int], tuple[int, int, int]]) -> RequestOutput:
-    """The part of ``out`` not yielded before for each completion (text, token ids, logprobs)."""
-    pieces = []
-    for c in out.outputs:
-        key = (out.request_id, c.index)
-        t0, i0, l0 = sent.get(key, (0, 0, 0))
-        n_lp = len(c.logprobs) if c.logprobs is not None else 0
-        sent[key] = (len(c.text), len(c.token_ids), n_lp)
-        pieces.append(CompletionOutput(
-            c.index, c.text[t0:], c.token_ids[i0:], c.finish_reason, c.stop_reason,
-            c.cumulative_logprob, c.logprobs[l0:] if c.logprobs is not None else None, c.error,
-        ))
-    return RequestOutput(
-        out.request_id, out.prompt, out.prompt_token_ids, pieces, out.finished,
-        out.num_cached_tokens, out.metrics, out.prompt_logprobs,
-    )

@@ -1,114 +1,104 @@
-"""``LLMEngine``: a model, a tokenizer and an :class:`~minivllm.core.engine_core.EngineCore`.
+"""``LLMEngine``: the front end (tokenizer, input and output processing) over an engine core.
 
-    add_request  -> InputProcessor: validate everything, tokenize; then queue (nothing is
-                    queued if anything is wrong)
-    step()       -> EngineCore.step()            schedule, run the model, sample, update
+    add_request  -> InputProcessor: validate everything, tokenize; then the core queues it
+                    (nothing is queued if anything is wrong)
+    step()       -> the core's next step: EngineCoreOutputs (per sample, its new token ids)
                     OutputProcessor.process()     text, stop strings, n > 1, logprobs
                  -> a RequestOutput for every request that made progress or ended
     abort_request-> the requests end now, their blocks are freed, final outputs returned
 
-The engine owns the parts that need torch (the model, its KV cache tensors, the model runner)
-and the tokenizer; scheduling, block bookkeeping and the step loop are in ``minivllm.core``.
+The engine core -- scheduler, KV cache, model runner -- runs in this process (the default:
+``engine.core``, ``engine.runner`` and friends are there to look at) or, with
+``engine_core_process=True``, in a process of its own (``minivllm/engine/core_process.py``),
+where it steps on its own while this process detokenizes. The two talk through the messages of
+``minivllm/core/messages.py`` either way (:mod:`minivllm.engine.core_client`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from minivllm.config import (
-    EngineArgs,
-    build_engine_core,
-    build_scheduler,
-    resolve_max_model_len,
-    resolve_num_kv_blocks,
-)
+from minivllm.config import EngineArgs
+from minivllm.core.messages import EngineCoreRequest, sample_ids
+from minivllm.engine.core_client import EngineCoreClient, InprocCore
 from minivllm.engine.input_processor import InputProcessor
-from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.sampler import Sampler
 from minivllm.metrics import EngineStats
-from minivllm.model.loader import load_model, load_tokenizer, resolve_dtype
-from minivllm.outputs import RequestOutput
-from minivllm.request import Request
+from minivllm.model.config import ModelConfig
+from minivllm.model.loader import load_tokenizer, resolve_model_path
+from minivllm.outputs import RequestOutput, RequestOutputKind
+from minivllm.request import RequestStatus
 from minivllm.sampling_params import SamplingParams
 
-_DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
-SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see LLMEngine._set_cpu_threads)
-logger = logging.getLogger("minivllm")
-_BOOKKEEPING_BYTES_PER_BLOCK = 200  # a KVCacheBlock object and its list entries, roughly
+_IN_THE_CORE = ("model", "runner", "sampler", "core", "scheduler", "kv")
 
 
 class LLMEngine:
     def __init__(self, model: str | None = None, **engine_args):
         self.args = args = EngineArgs.from_kwargs(**engine_args)
-        self.model, self.model_path = load_model(
-            model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        )
-        self.model_config = self.model.config
-        self.device = self.model.lm_head.weight.device
-        self._set_cpu_threads()
+        self.model_path = resolve_model_path(model)
+        config = ModelConfig.from_file(self.model_path)  # its errors name the file
         self.tokenizer = self._load_tokenizer()
-        self.eos_token_ids = self._eos_ids()
-        cfg = self.model_config
-        self.max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
-        self.input_processor = InputProcessor(
-            self.max_model_len, cfg.vocab_size, self.tokenizer, self.eos_token_ids
-        )
-        self.kv_dtype = resolve_dtype(args.dtype, self.device)
-        scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
-        kv = scheduler.kv
-        self._check_memory(kv.num_blocks)
-        self.sampler = Sampler(seed=args.seed)
+        self.eos_token_ids = self._eos_ids(config)
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
-        self.runner = ModelRunner(
-            self.model, kv.num_blocks, kv.block_size, self.sampler, pad if pad is not None else 0,
-            self.kv_dtype,
+        self.core_client: EngineCoreClient
+        if args.engine_core_process:
+            from minivllm.engine.core_process import ProcessCore
+
+            self.core_client = ProcessCore(args, self.model_path, self.eos_token_ids, pad)
+            self._built = None
+        else:
+            from minivllm.engine.core_builder import build_core
+
+            self._built = build_core(args, self.model_path, pad)
+            self.core_client = InprocCore(self._built, self.eos_token_ids)
+        ready = self.core_client.ready
+        self.model_config: ModelConfig = ready.model_config
+        self.max_model_len: int = ready.max_model_len
+        self.input_processor = InputProcessor(
+            self.max_model_len, self.model_config.vocab_size, self.tokenizer, self.eos_token_ids
         )
-        self.core = build_engine_core(args, scheduler, self.runner, time.perf_counter)
-        self.output_processor = OutputProcessor(self.core, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
-    @property
-    def scheduler(self):
-        return self.core.scheduler
+    # --- the parts of an in-process core (the course looks at them) ----------------------------
+    def __getattr__(self, name: str):
+        if name in _IN_THE_CORE:
+            built = self.__dict__.get("_built")
+            if built is None:
+                raise AttributeError(
+                    f"engine.{name} lives in the engine core's process (engine_core_process=True); "
+                    "build the engine with engine_core_process=False to work with it directly"
+                )
+            core = built.core
+            return {"model": built.model, "runner": built.runner, "sampler": built.sampler, "core": core,
+                    "scheduler": core.scheduler, "kv": core.kv}[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
-    def kv(self):
-        return self.core.kv
+    def in_process(self) -> bool:
+        """Whether the engine core runs in this process."""
+        return self._built is not None
+
+    @property
+    def device(self):
+        return self._built.device if self._built is not None else self.core_client.ready.device
 
     @property
     def stats(self) -> EngineStats:
-        return self.core.stats
+        """The core's statistics: the live object in this process, a copy from a core process."""
+        return self.get_stats()
 
     @property
     def can_fork(self) -> bool:
         """Whether ``n > 1`` and beam search can share KV blocks (continuous + paged)."""
-        return self.core.can_fork
+        return self.core_client.ready.can_fork
 
     # --- set-up helpers --------------------------------------------------------------------
-    def _set_cpu_threads(self) -> None:
-        """On a CPU, choose torch's (process-wide) thread count. A small model's matmuls are too
-        small to gain much from a second thread, while threads that compete with other work for
-        the cores lose badly (a parallel operation waits for its slowest thread): measured by
-        ``benchmarks/vs_vllm.py`` and ``benchmarks/throughput.py``, see "Threads" in
-        docs/benchmarks.md. So small models (hidden size < 1024) get 1 thread unless
-        ``cpu_threads`` says otherwise; larger models keep torch's default."""
-        if self.device.type != "cpu":
-            return
-        threads = self.args.cpu_threads
-        if threads is None and self.model.config.hidden_size < SMALL_MODEL_HIDDEN_SIZE:
-            threads = 1
-        if threads is not None and threads != torch.get_num_threads():
-            logger.info("minivllm: torch.set_num_threads(%d) for the CPU engine", threads)
-            torch.set_num_threads(threads)
-
     def _load_tokenizer(self):
         if self.args.skip_tokenizer_init:
             return None
@@ -121,8 +111,8 @@ class LLMEngine:
                 "tokenizer=<directory> or skip_tokenizer_init=True to serve token-id prompts"
             ) from err
 
-    def _eos_ids(self) -> tuple[int, ...]:
-        ids = set(self.model_config.eos_token_ids)
+    def _eos_ids(self, cfg: ModelConfig) -> tuple[int, ...]:
+        ids = set(cfg.eos_token_ids)
         gen_cfg = self.model_path / "generation_config.json"
         if gen_cfg.is_file():
             try:
@@ -133,49 +123,6 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
-
-    @property
-    def bytes_per_block(self) -> int:
-        itemsize = torch.finfo(self.kv_dtype).bits // 8
-        return self.model_config.kv_bytes_per_token(itemsize) * self.args.block_size
-
-    def _num_kv_blocks(self) -> int:
-        num_blocks = resolve_num_kv_blocks(
-            self.args, self.max_model_len, self.bytes_per_block, self._default_kv_memory
-        )
-        self._check_memory(num_blocks)  # before any block object exists
-        return num_blocks
-
-    def _default_kv_memory(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.5)
-        # Enough for every seat to hold a full-length sequence, capped at 256 MiB, but always
-        # at least one full-length sequence.
-        per_token = self.bytes_per_block // self.args.block_size
-        wanted = per_token * self.max_model_len * self.args.max_num_seqs
-        return max(min(_DEFAULT_CPU_KV_BYTES, wanted), per_token * self.max_model_len)
-
-    def _check_memory(self, num_blocks: int) -> None:
-        """The pool must fit in memory (checked before the tensors are allocated, so an absurd
-        size fails fast instead of swapping)."""
-        cache_bytes = num_blocks * self.bytes_per_block
-        host_bytes = num_blocks * _BOOKKEEPING_BYTES_PER_BLOCK
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            if cache_bytes > free:
-                raise ValueError(
-                    f"a KV cache of {num_blocks} blocks needs {cache_bytes / 2**30:.2f} GiB on "
-                    f"{self.device} but only {free / 2**30:.2f} GiB are free"
-                )
-            cache_bytes = 0
-        available = _available_host_memory()
-        if available is not None and cache_bytes + host_bytes > available:
-            raise ValueError(
-                f"a KV cache of {num_blocks} blocks needs {(cache_bytes + host_bytes) / 2**30:.2f} GiB "
-                f"of host memory but only {available / 2**30:.2f} GiB are available; lower "
-                f"num_kv_blocks / kv_cache_memory"
-            )
 
     # --- requests --------------------------------------------------------------------------
     def tokenize(self, prompt) -> tuple[str | None, list[int]]:
@@ -188,7 +135,7 @@ class LLMEngine:
 
     def caller_input_processor(self) -> InputProcessor:
         """The same checks with a tokenizer of its own, for a front end that tokenizes on
-        another thread than the one stepping the engine (``AsyncLLM``)."""
+        another thread than the one that detokenizes (``AsyncLLM``)."""
         tokenizer = None if self.tokenizer is None else self._load_tokenizer()
         return self.input_processor.with_tokenizer(tokenizer)
 
@@ -200,62 +147,51 @@ class LLMEngine:
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
     ) -> str:
         """Validate and queue a request; returns its id. Raises before anything is queued.
         ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps this request's
-        prefix-cache blocks apart from those of requests with another salt or none."""
+        prefix-cache blocks apart from those of requests with another salt or none.
+        ``output_kind``: what each of its outputs holds (see :class:`RequestOutputKind`)."""
+        if not isinstance(output_kind, RequestOutputKind):
+            raise TypeError(f"output_kind must be a RequestOutputKind, got {type(output_kind).__name__}")
         inputs = self.input_processor.process(
             prompt, params, priority=priority, arrival_time=arrival_time, cache_salt=cache_salt
         )
-        params, text, ids = inputs.params, inputs.prompt, inputs.prompt_token_ids
+        params, ids = inputs.params, inputs.prompt_token_ids
         request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
-        child_ids = sample_ids(request_id, params.n)
-        self._check_ids_free(request_id, child_ids)
+        self.output_processor.check_ids_free(request_id, params.n, self._in_core)
         now = time.perf_counter() if arrival_time is None else arrival_time
-        child_params = [params] if params.n == 1 else [params.for_sample(i) for i in range(params.n)]
-        children = [
-            Request(rid, ids, sp, arrival_time=now, priority=priority,
-                    eos_token_ids=self.eos_token_ids, cache_salt=inputs.cache_salt, prompt=text)
-            for rid, sp in zip(child_ids, child_params, strict=True)
-        ]
-        self.core.add_request(children[0], children[1:])
-        self.output_processor.add_request(request_id, text, children)
+        self.core_client.add_request(
+            EngineCoreRequest(request_id, ids, params, now, priority, inputs.cache_salt)
+        )
+        self.output_processor.add_request(request_id, inputs.prompt, ids, params, output_kind, now)
         return request_id
 
-    def _in_use(self, request_id: str) -> bool:
-        """A user request's id, or the id of one of its samples, while it is unfinished."""
-        op = self.output_processor
-        return request_id in op.families or request_id in op.children or request_id in self.scheduler.requests
+    def _in_core(self, request_id: str) -> bool:
+        """Held by an in-process core without the front end knowing (beam search's beams)."""
+        return self._built is not None and request_id in self._built.core.scheduler.requests
 
     def _new_request_id(self, n: int) -> str:
+        op = self.output_processor
         while True:  # skip the ids callers chose themselves
             request_id = str(next(self._ids))
-            if not any(map(self._in_use, {request_id, *sample_ids(request_id, n)})):
+            if not any(op.in_use(r) or self._in_core(r) for r in {request_id, *sample_ids(request_id, n)}):
                 return request_id
-
-    def _check_ids_free(self, request_id: str, child_ids: list[str]) -> None:
-        """The user's id and its samples' ids (``id#0``, ``id#1``, ... when ``n > 1``) must not
-        name a request or a sample in flight: two states under one id would mix their outputs
-        and leave one caller waiting forever."""
-        if self._in_use(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        clash = next((cid for cid in child_ids if cid != request_id and self._in_use(cid)), None)
-        if clash is not None:
-            raise ValueError(
-                f"request_id {request_id!r} names its {len(child_ids)} samples {child_ids[0]!r}..."
-                f"{child_ids[-1]!r}, but {clash!r} is already in use"
-            )
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
         """End requests now (``finish_reason="abort"``), free their blocks, and return their
         final outputs. Unknown or already finished ids are ignored."""
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        child_ids = [cid for rid in ids for cid in self.output_processor.family_child_ids(str(rid))]
-        ended = self.core.abort_requests(child_ids)
-        return self.output_processor.finished_outputs(ended)
+        ids = [request_ids] if isinstance(request_ids, str) else [str(r) for r in request_ids]
+        samples = self.output_processor.sample_ids(ids)
+        outputs, _ = self.output_processor.abort(ids)
+        self.core_client.finish_requests(samples, RequestStatus.FINISHED_ABORTED)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests()
+        if self._built is not None:
+            return self._built.core.has_unfinished_requests()
+        return len(self.output_processor) > 0
 
     def get_num_unfinished_requests(self) -> int:
         """User requests (an ``n > 1`` request counts once) not finished yet."""
@@ -264,37 +200,41 @@ class LLMEngine:
     # --- the loop --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One engine step; a :class:`RequestOutput` for every request that got a token or
-        ended (a request that failed ends with ``finish_reason="error"``)."""
+        ended (a request that failed ends with ``finish_reason="error"``). With the core in
+        its own process: the outputs of the core's next step (it steps on its own)."""
         try:
-            core_out = self.core.step()
+            core_out = self.core_client.step()
         except BaseException:  # Ctrl-C: the core ended the step's requests; forget them here too
-            self.output_processor.forget_finished()
+            if self._built is not None:
+                self._forget_ended_in_core()
             raise
-        return self.output_processor.process(core_out)
+        done = self.output_processor.process(core_out.deltas)
+        if done.stopped:
+            self.core_client.finish_requests(done.stopped, RequestStatus.FINISHED_STOPPED)
+        return done.outputs
+
+    def _forget_ended_in_core(self) -> None:
+        """A step interrupted by ``KeyboardInterrupt`` ended its requests in the core, then
+        re-raised: end them here as well, without an output reaching the user."""
+        live = self._built.core.scheduler.requests
+        gone = [rid for rid, fam in self.output_processor.families.items()
+                if not any(c.request_id in live for c in fam.children)]
+        self.output_processor.abort(gone)
 
     def check_invariants(self) -> None:
-        self.core.check_invariants()
+        self.core_client.call("check_invariants")
 
     def get_stats(self) -> EngineStats:
-        return self.core.stats
+        return self.core_client.call("get_stats")
 
     def reset_stats(self) -> None:
         """Start the statistics afresh (e.g. after a warm-up run)."""
-        self.core.reset_stats()
+        self.core_client.call("reset_stats")
 
+    def set_stats_window(self, window: int | None) -> None:
+        """Keep at most about ``window`` steps (and finished requests) in detail (a server)."""
+        self.core_client.call("set_stats_window", window)
 
-def sample_ids(request_id: str, n: int) -> list[str]:
-    """The engine-level ids of a user request's ``n`` samples: the id itself when ``n == 1``."""
-    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
-
-
-def _available_host_memory() -> int | None:
-    """Bytes of memory the OS says are available (Linux ``MemAvailable``), or ``None``."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    def shutdown(self) -> None:
+        """Stop the engine core (with its own process: end that process)."""
+        self.core_client.shutdown()

@@ -1,25 +1,32 @@
-"""From what a step did to what the user sees: text, stop strings, ``n > 1`` families, logprobs.
+"""From what the engine core sends to what the user sees: text, stop strings, ``n > 1``, logprobs.
 
-The engine core speaks in :class:`~minivllm.request.Request` objects and token ids. The user
-asked for one request id with ``n`` completions and wants text. :class:`OutputProcessor` keeps,
-for every request the user submitted, one *family* (its ``n`` child requests), and for every
-child its incremental detokenizer and its log-probabilities. After each step it
+The core speaks in samples and token ids (:class:`~minivllm.core.messages.RequestDelta`: per
+step, each sample's *new* tokens and how it ended). The user asked for one request id with
+``n`` completions and wants text. :class:`OutputProcessor` keeps, for every request the user
+submitted, one *family* (its ``n`` samples), and for every sample its incremental detokenizer
+and its log-probabilities. For each batch of deltas it
 
-1. appends the step's log-probabilities,
-2. detokenizes the new tokens; a child whose text now contains a stop string is ended through
-   the core (its blocks are freed at once),
-3. builds one :class:`~minivllm.outputs.RequestOutput` per family that changed, and forgets
-   families whose children have all finished.
+1. appends the new log-probabilities and places prompt log-probabilities by position,
+2. detokenizes the new tokens; a sample whose text now contains a stop string ends here, and
+   its id is returned so that the caller ends it in the core too (its blocks are freed),
+3. builds one :class:`~minivllm.outputs.RequestOutput` per family that changed, of the kind the
+   request asked for (:class:`~minivllm.outputs.RequestOutputKind`: only the new text and
+   tokens, everything so far, or only the final answer), and forgets families that ended.
 
-vLLM v1 splits its engine the same way (``vllm/v1/engine/output_processor.py``).
+With ``DELTA`` every step costs what is new, whatever the length of the answer: nothing is
+re-sliced or re-joined. The processor never touches the core (it may run in another process),
+so it works the same whichever way the core runs. vLLM v1 splits its engine the same way
+(``vllm/v1/engine/output_processor.py``).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from minivllm.core.engine_core import EngineCore, StepOutput
 from minivllm.core.interfaces import Logprobs
+from minivllm.core.messages import RequestDelta, sample_ids
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.outputs import (
     CompletionOutput,
@@ -27,19 +34,34 @@ from minivllm.outputs import (
     PositionLogprobs,
     RequestMetrics,
     RequestOutput,
+    RequestOutputKind,
 )
-from minivllm.request import Request, RequestStatus
+from minivllm.sampling_params import SamplingParams
+
+DELTA, CUMULATIVE, FINAL_ONLY = RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY
 
 
 @dataclass
 class _ChildState:
-    request: Request
+    """One sample. With ``DELTA`` its lists hold only what was not sent yet; otherwise all."""
+
+    request_id: str
     index: int
     family: _Family
     detokenizer: IncrementalDetokenizer | None
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # pieces of text, joined when sent
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
+    num_tokens: int = 0  # every token generated, sent or not
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
     error: str | None = None
+    changed: bool = False  # since the family's last output
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -47,18 +69,35 @@ class _Family:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
+    kind: RequestOutputKind
+    metrics: RequestMetrics
+    own_metrics: bool  # stamped here until the core's record arrives (the delta that ends it)
     children: list[_ChildState] = field(default_factory=list)
+    num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_unfinished: int = 0
 
     @property
     def finished(self) -> bool:
-        return all(c.request.is_finished for c in self.children)
+        return self.num_unfinished == 0
+
+
+@dataclass
+class ProcessedOutputs:
+    """What one batch of deltas gave: ``outputs`` for the user; ``stopped``, sample ids that hit
+    a stop string (end them in the core); per family, the tokens it got (``new_tokens``) and the
+    finish reasons of its samples that ended (``ended``) -- what the server's metrics count."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    new_tokens: dict[str, int] = field(default_factory=dict)
+    ended: list[tuple[str, str]] = field(default_factory=list)  # (family id, finish reason)
 
 
 class OutputProcessor:
-    def __init__(self, core: EngineCore, tokenizer=None):
-        self.core = core
+    def __init__(self, tokenizer=None, clock=time.perf_counter):
         self.tokenizer = tokenizer  # None: no text, token ids only (skip_tokenizer_init)
+        self.clock = clock
         self.families: dict[str, _Family] = {}
         self.children: dict[str, _ChildState] = {}
 
@@ -66,78 +105,162 @@ class OutputProcessor:
         """Families (user requests) not finished yet."""
         return len(self.families)
 
-    def add_request(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
-        first = children[0]
-        family = _Family(request_id, prompt, first.prompt_token_ids)
-        for i, child in enumerate(children):
-            params = child.sampling_params
-            detok = (
-                IncrementalDetokenizer(self.tokenizer, first.prompt_token_ids, params)
-                if self.tokenizer is not None else None
-            )
-            state = _ChildState(child, i, family, detok)
+    def in_use(self, request_id: str) -> bool:
+        """A user request's id, or the id of one of its samples, while it is unfinished."""
+        return request_id in self.families or request_id in self.children
+
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        kind: RequestOutputKind = CUMULATIVE, arrival_time: float | None = None,
+    ) -> None:
+        """Follow a request the core was given. Its times are stamped here (from
+        ``arrival_time``) until the delta that ends its first sample brings the core's record,
+        read off the core's ``Request`` (the times' one owner), in either mode of the core."""
+        if not isinstance(kind, RequestOutputKind):
+            raise TypeError(f"output_kind must be a RequestOutputKind, got {type(kind).__name__}")
+        metrics = RequestMetrics(arrival_time=self.clock() if arrival_time is None else arrival_time)
+        family = _Family(request_id, prompt, list(prompt_token_ids), kind, metrics, True)
+        for i, rid in enumerate(sample_ids(request_id, params.n)):
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
+                     if self.tokenizer is not None else None)
+            state = _ChildState(rid, i, family, detok)
             if params.logprobs is not None:
                 state.logprobs, state.cumulative_logprob = [], 0.0
             family.children.append(state)
-            self.children[child.request_id] = state
+            self.children[rid] = state
+        family.num_unfinished = len(family.children)
         self.families[request_id] = family
 
-    # --- after a step ----------------------------------------------------------------------
-    def process(self, step_out: StepOutput) -> list[RequestOutput]:
+    def check_ids_free(self, request_id: str, n: int, also_in_use: Callable[[str], bool] | None = None) -> None:
+        """The user's id and its samples' ids (``id#0``, ``id#1``, ... when ``n > 1``) must not
+        name a request or a sample in flight: two states under one id would mix their outputs
+        and leave one caller waiting forever. ``also_in_use``: ids the core holds besides."""
+
+        def in_use(rid: str) -> bool:
+            return self.in_use(rid) or (also_in_use is not None and also_in_use(rid))
+
+        if in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        child_ids = sample_ids(request_id, n)
+        clash = next((cid for cid in child_ids if cid != request_id and in_use(cid)), None)
+        if clash is not None:
+            raise ValueError(
+                f"request_id {request_id!r} names its {len(child_ids)} samples {child_ids[0]!r}..."
+                f"{child_ids[-1]!r}, but {clash!r} is already in use"
+            )
+
+    def sample_ids(self, request_ids: Iterable[str]) -> list[str]:
+        """The unfinished samples of these user requests (a sample's own id names itself)."""
+        out = []
+        for rid in request_ids:
+            family = self.families.get(rid)
+            if family is not None:
+                out.extend(c.request_id for c in family.children if not c.finished)
+            elif rid in self.children and not self.children[rid].finished:
+                out.append(rid)
+        return out
+
+    # --- deltas from the core --------------------------------------------------------------
+    def process(self, deltas: Iterable[RequestDelta]) -> ProcessedOutputs:
+        result = ProcessedOutputs()
         touched: dict[str, _Family] = {}
-        for rid, (first, entries) in step_out.prompt_logprobs.items():
-            state = self.children.get(rid)
-            if state is not None:  # placed by position: a preempted request recomputes its prompt
-                family = state.family
+        now = None
+        for d in deltas:
+            state = self.children.get(d.request_id)
+            if state is None or state.finished:  # aborted, or stopped here: the core had not heard yet
+                continue
+            family = state.family
+            touched[family.request_id] = family
+            if state.index == 0:
+                family.num_cached_tokens = d.num_cached_tokens
+            if d.prompt_logprobs is not None:
+                first, entries = d.prompt_logprobs
                 got = family.prompt_logprobs = family.prompt_logprobs or []
                 got[first : first + len(entries)] = [None if e is None else self._position(e) for e in entries]
-        for rid, entry in step_out.logprobs.items():
-            state = self.children.get(rid)
-            if state is not None and state.logprobs is not None and rid in step_out.sampled:
+            if d.new_token_ids:
+                if family.own_metrics and family.metrics.first_token_time is None:
+                    now = now if now is not None else self.clock()
+                    family.metrics.first_token_time = now
+                stop = self._append(state, d)
+                family_id = family.request_id
+                result.new_tokens[family_id] = result.new_tokens.get(family_id, 0) + len(d.new_token_ids)
+                if stop is not None:
+                    state.stop_reason = stop
+                    self._end(state, "stop", result)
+                    if d.finish_reason is None:  # the core goes on with it until told
+                        result.stopped.append(state.request_id)
+                    continue
+            if d.finish_reason is not None:
+                state.stop_reason, state.error = d.stop_reason, d.error
+                if state.index == 0 and d.metrics is not None:
+                    family.metrics, family.own_metrics = d.metrics, False
+                self._end(state, d.finish_reason, result)
+        result.outputs = self._outputs(touched.values())
+        return result
+
+    def _append(self, state: _ChildState, d: RequestDelta) -> str | None:
+        """The delta's tokens (and their log-probabilities) join the sample; its text grows.
+        Returns the stop string its text now contains, if any (later tokens are dropped)."""
+        state.changed = True
+        new = d.new_token_ids
+        if d.new_logprobs is not None and state.logprobs is not None:
+            for entry in d.new_logprobs:
                 state.logprobs.append(self._position(entry))
                 state.cumulative_logprob += entry.logprob
-        stopped = []
-        for rid, token in step_out.sampled.items():
-            state = self.children.get(rid)
-            if state is None:
-                continue
-            touched[state.family.request_id] = state.family
-            if state.detokenizer is None:
-                continue
-            stop = state.detokenizer.add_tokens([token])
-            if stop is not None and not state.request.is_finished:
-                state.request.stop_reason = stop
-                stopped.append(rid)
-        if stopped:
-            self.core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        for req in step_out.finished:
-            state = self.children.get(req.request_id)
-            if state is not None:
-                state.error = step_out.failed.get(req.request_id)
-                touched[state.family.request_id] = state.family
-        return self._outputs(touched.values())
+        detok = state.detokenizer
+        if detok is None:
+            state.token_ids.extend(new)
+            state.num_tokens += len(new)
+            return None
+        for i, token in enumerate(new):
+            state.token_ids.append(token)
+            state.num_tokens += 1
+            stop = detok.add_tokens([token])
+            if stop is not None:
+                if state.logprobs is not None and i + 1 < len(new):  # drop what followed the stop
+                    del state.logprobs[len(state.logprobs) - (len(new) - i - 1) :]
+                return stop
+        return None
 
-    def finished_outputs(self, requests: list[Request]) -> list[RequestOutput]:
-        """Outputs for requests the core ended outside a step (an abort)."""
+    def _end(self, state: _ChildState, reason: str, result: ProcessedOutputs) -> None:
+        state.finish_reason = reason
+        state.changed = True
+        family = state.family
+        family.num_unfinished -= 1
+        result.ended.append((family.request_id, reason))
+        if family.own_metrics and family.finished:
+            m = family.metrics
+            m.finished_time = self.clock()
+            m.num_output_tokens = family.children[0].num_tokens
+
+    def abort(self, request_ids: Iterable[str]) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
+        """End these user requests (or single samples, by their ids) here (``finish_reason=
+        "abort"`` on every unfinished sample);
+        their final outputs, and ``(family id, "abort")`` per sample ended. The caller ends
+        them in the core."""
+        result = ProcessedOutputs()
         touched = {}
-        for req in requests:
-            state = self.children.get(req.request_id)
-            if state is not None:
-                touched[state.family.request_id] = state.family
-        return self._outputs(touched.values())
+        for rid in request_ids:
+            family = self.families.get(rid)
+            if family is not None:
+                samples = family.children
+            elif rid in self.children:  # one sample of a request
+                samples = [self.children[rid]]
+                family = samples[0].family
+            else:
+                continue
+            for c in samples:
+                if not c.finished:
+                    self._end(c, "abort", result)
+            touched[family.request_id] = family
+        return self._outputs(touched.values()), result.ended
 
-    def forget_finished(self) -> None:
-        """Drop the families whose children have all ended without an output reaching the
-        user (a step interrupted by ``KeyboardInterrupt`` ends its requests, then re-raises)."""
-        for family in [f for f in self.families.values() if f.finished]:
-            self._forget(family)
-
-    def family_child_ids(self, request_id: str) -> list[str]:
-        """The core-level request ids of a user request (itself when ``n == 1``)."""
-        family = self.families.get(request_id)
-        if family is None:
-            return [request_id] if request_id in self.children else []
-        return [c.request.request_id for c in family.children]
+    def clear(self) -> list[str]:
+        """Forget every request (the core is gone); returns their ids."""
+        ids = list(self.families)
+        self.families.clear()
+        self.children.clear()
+        return ids
 
     # --- building outputs ------------------------------------------------------------------
     def _position(self, entry: Logprobs) -> PositionLogprobs:
@@ -151,41 +274,55 @@ class OutputProcessor:
             return None
         return self.tokenizer.decode([token_id])
 
-    def _completion(self, state: _ChildState) -> CompletionOutput:
-        req = state.request
-        finished = req.is_finished
-        text = state.detokenizer.visible_text(finished) if state.detokenizer is not None else ""
-        return CompletionOutput(
-            index=state.index,
-            text=text,
-            token_ids=req.output_token_ids,
-            finish_reason=req.status.finish_reason,
-            stop_reason=req.stop_reason,
-            cumulative_logprob=state.cumulative_logprob,
-            logprobs=list(state.logprobs) if state.logprobs is not None else None,
-            error=state.error,
-        )
+    def _completion(self, state: _ChildState, kind: RequestOutputKind) -> CompletionOutput:
+        if state.detokenizer is not None:
+            piece = state.detokenizer.take(state.finished)
+            if piece:
+                state.text.append(piece)
+        text = "".join(state.text)
+        state.changed = False
+        if kind is DELTA:  # hand over what is new and keep nothing
+            out = CompletionOutput(state.index, text, state.token_ids, state.finish_reason, state.stop_reason,
+                                   state.cumulative_logprob, state.logprobs, state.error)
+            state.token_ids, state.text = [], []
+            if state.logprobs is not None:
+                state.logprobs = []
+            return out
+        if len(state.text) > 1:
+            state.text = [text]
+        logprobs = list(state.logprobs) if state.logprobs is not None else None
+        return CompletionOutput(state.index, text, list(state.token_ids), state.finish_reason,
+                                state.stop_reason, state.cumulative_logprob, logprobs, state.error)
 
-    def _outputs(self, families) -> list[RequestOutput]:
+    def _outputs(self, families: Iterable[_Family]) -> list[RequestOutput]:
         outputs = []
         for family in families:
-            first = family.children[0].request
-            out = RequestOutput(
+            finished = family.finished
+            kind = family.kind
+            if kind is FINAL_ONLY and not finished:
+                for c in family.children:  # keep the text decoded so far; nothing is sent
+                    if c.changed and c.detokenizer is not None:
+                        piece = c.detokenizer.take(False)
+                        if piece:
+                            c.text.append(piece)
+                        c.changed = False
+                continue
+            children = family.children if kind is not DELTA else [c for c in family.children if c.changed]
+            outputs.append(RequestOutput(
                 request_id=family.request_id,
                 prompt=family.prompt,
                 prompt_token_ids=family.prompt_token_ids,
-                outputs=[self._completion(c) for c in family.children],
-                finished=family.finished,
-                num_cached_tokens=first.num_cached_tokens,
-                metrics=RequestMetrics.from_request(first),  # the first sample's times, as of now
+                outputs=[self._completion(c, kind) for c in children],
+                finished=finished,
+                num_cached_tokens=family.num_cached_tokens,
+                metrics=family.metrics,
                 prompt_logprobs=family.prompt_logprobs,
-            )
-            outputs.append(out)
-            if out.finished:
+            ))
+            if finished:
                 self._forget(family)
         return outputs
 
     def _forget(self, family: _Family) -> None:
         self.families.pop(family.request_id, None)
         for c in family.children:
-            self.children.pop(c.request.request_id, None)
+            self.children.pop(c.request_id, None)

@@ -1,53 +1,51 @@
-"""``AsyncLLM``: many concurrent callers, one engine, one loop thread that steps it.
+"""``AsyncLLM``: many concurrent callers, one engine core, outputs streamed as deltas.
 
 A server's requests arrive whenever clients send them, and each client waits on its own
-tokens. The engine, though, is a single-threaded object that makes progress only when someone
-calls ``step()``. ``AsyncLLM`` puts the two together the way vLLM's ``AsyncLLM`` does:
+tokens. ``AsyncLLM`` is the front end that joins the two, as vLLM's ``AsyncLLM`` does::
 
-    callers (asyncio tasks)                    loop thread (owns the LLMEngine)
-    ───────────────────────                    ────────────────────────────────
-    add_request() ── _Add ──> command queue ──> engine.add_request()  (ValueError goes back)
-      (inputs tokenized and checked here first, by the engine's InputProcessor rules)
-    stream closed ── _Abort ─> command queue ──> engine.abort_request()
-    async for out in stream <── call_soon_threadsafe(_deliver) <── engine.step() outputs
+    callers (asyncio tasks, event loop)               engine core (a thread, or its own process)
+    ───────────────────────────────────               ──────────────────────────────────────────
+    add_request(): InputProcessor (checks, ids) ─ EngineCoreRequest ─> EngineCoreLoop: queue it
+    stream closed / abort(): OutputProcessor ends it ─ FinishRequests ─> blocks freed
+    stream <─ OutputProcessor (detokenize, stop strings) <─ EngineCoreOutputs ─ one per step
 
-* Only the loop thread touches the engine; callers talk to it through a queue, so there are no
-  locks around engine state. The loop blocks on the queue when the engine is idle and steps
-  without pause while it has work, draining new commands between steps: a request that
-  arrives mid-step joins the very next batch (continuous batching at the front door).
-* Stepping runs in a thread, not in the event loop, so the HTTP server keeps accepting
-  connections and writing tokens while the model computes.
-* Outputs are cumulative (the whole text so far), so a stream keeps only the newest one: a
-  slow reader skips intermediate outputs instead of queueing them without bound.
+* The core runs in a process of its own when the engine was built with
+  ``engine_core_process=True`` (``minivllm serve``'s default): the model computes there while
+  this process parses, detokenizes and writes HTTP, on another CPU core and under another GIL.
+  Otherwise in a thread of this process (notebooks, debugging), with the same semantics.
+* Outputs are deltas (``RequestOutputKind.DELTA``): each holds only the new text and tokens,
+  so a step costs the front end what is new, however long the answers have grown. A slow
+  reader gets the deltas it missed merged into one; ``FINAL_ONLY`` (a non-streaming reply)
+  gets one output with everything.
 * A caller that goes away (its stream or generator is closed or cancelled) aborts its request
   at once, which frees its KV blocks; an explicit :meth:`AsyncLLM.abort` ends the caller's
   stream with ``finish_reason="abort"``.
-* A request the engine ends with an error (``finish_reason="error"``: its row could not be
+* A request the core ends with an error (``finish_reason="error"``: its row could not be
   sampled, or its step failed) fails its caller with that message; the others go on. Should
-  ``step()`` itself raise, every request the engine holds fails with the error and the loop
-  carries on serving newcomers; it never dies silently.
+  ``step()`` itself raise, every request the core holds fails with the error and the core
+  carries on serving newcomers. Should the core die (its process killed), every caller fails
+  with :class:`EngineDeadError` and :attr:`is_running` turns false (``/health`` answers 503).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from minivllm.core.messages import EngineCoreOutputs, EngineCoreRequest, FinishRequests
+from minivllm.engine.core_client import CoreConnection, EngineDeadError
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.output_processor import ProcessedOutputs
 from minivllm.entrypoints.metrics import ServerMetrics
-from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.outputs import CompletionOutput, RequestOutput, RequestOutputKind
+from minivllm.request import RequestStatus
 from minivllm.sampling_params import SamplingParams
 
 STATS_WINDOW = 10_000  # steps (and finished requests) the engine keeps in detail when serving
-
-
-class EngineDeadError(RuntimeError):
-    """The loop thread has stopped (shut down, or crashed): no request can be served."""
+DELTA = RequestOutputKind.DELTA
 
 
 class QueueFullError(RuntimeError):
@@ -55,68 +53,64 @@ class QueueFullError(RuntimeError):
 
 
 class RequestFailedError(RuntimeError):
-    """The engine raised while this request was in flight; the request was aborted."""
-
-
-# --- commands from callers to the loop thread ----------------------------------------------
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    prompt: dict  # {"prompt": text or None, "prompt_token_ids": [...]}
-    params: SamplingParams
-    priority: int
-    arrival_time: float  # time.perf_counter() when the caller asked
-    future: asyncio.Future  # resolved with None, or failed with the engine's ValueError
-    cache_salt: str | None = None  # a tenant's prefix-cache partition
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_ids: tuple[str, ...]
-    notify: bool  # deliver a final "abort" output to the callers (False: they already left)
-
-
-_STOP = object()
-_ABORTED = object()  # delivery marker: this request was aborted, end its stream
+    """The engine failed this request (its row, or its whole step); it was ended."""
 
 
 @dataclass
 class _Timing:
-    """Per-request clock readings the loop thread keeps for the latency histograms."""
+    """Per-request clock readings for the latency histograms (event loop thread)."""
 
     arrival_time: float
     num_prompt_tokens: int
     num_samples: int  # n: every sample is one sequence in the finish counts
     first_token_time: float | None = None
     last_token_time: float = 0.0
-    tokens_seen: int = 0
+    error: str | None = None  # the first error one of its samples ended with
+
+
+def merge_delta(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """Two consecutive delta outputs of one request as one: texts, token ids and
+    log-probabilities joined per completion; how it ended from the later one."""
+    merged = {c.index: c for c in earlier.outputs}
+    for c in later.outputs:
+        old = merged.get(c.index)
+        if old is None:
+            merged[c.index] = c
+            continue
+        logprobs = None if old.logprobs is None else old.logprobs + (c.logprobs or [])
+        merged[c.index] = CompletionOutput(c.index, old.text + c.text, old.token_ids + c.token_ids,
+                                           c.finish_reason, c.stop_reason, c.cumulative_logprob, logprobs, c.error)
+    return RequestOutput(later.request_id, later.prompt, later.prompt_token_ids,
+                         [merged[i] for i in sorted(merged)], later.finished, later.num_cached_tokens,
+                         later.metrics, later.prompt_logprobs)
 
 
 @dataclass
 class RequestStream:
     """One request's outputs, as its caller sees them: ``async for out in stream``.
 
-    Every ``RequestOutput`` holds the whole completion so far, so only the newest matters;
-    iteration ends after the output with ``finished=True``. ``aclose()`` before that aborts
-    the request. Lives on the event loop thread; the loop thread never touches it directly.
-    """
+    With ``DELTA`` outputs, deltas that arrive before the caller reads are merged into one;
+    otherwise the newest replaces the last. Iteration ends after the output with
+    ``finished=True``; ``aclose()`` before that aborts the request. Lives on the event loop."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     n: int
+    kind: RequestOutputKind
     _on_close: Callable[[str], None] = field(repr=False)
     finished: bool = False  # the engine side is over (finished, aborted or failed)
     _latest: RequestOutput | None = field(default=None, repr=False)
-    _last_read: RequestOutput | None = field(default=None, repr=False)
     _error: BaseException | None = field(default=None, repr=False)
     _consumed: bool = field(default=False, repr=False)  # the caller saw the end
     _ready: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    # --- fed by AsyncLLM._deliver (event loop thread) ------------------------------------
+    # --- fed by AsyncLLM (event loop thread) -------------------------------------------------
     def _put(self, out: RequestOutput) -> None:
         if self.finished:
             return
+        if self._latest is not None and self.kind is DELTA:
+            out = merge_delta(self._latest, out)
         self._latest, self.finished = out, out.finished
         self._ready.set()
 
@@ -125,24 +119,6 @@ class RequestStream:
             return
         self._error, self.finished = error, True
         self._ready.set()
-
-    def _abort(self) -> None:
-        """End the stream with ``finish_reason="abort"`` on every unfinished completion,
-        keeping the text and tokens produced so far."""
-        last = self._latest or self._last_read
-        if last is None:
-            outputs = [CompletionOutput(i, "", [], "abort") for i in range(self.n)]
-        else:
-            outputs = [
-                CompletionOutput(c.index, c.text, list(c.token_ids), c.finish_reason or "abort", c.stop_reason)
-                for c in last.outputs
-            ]
-        self._put(
-            RequestOutput(
-                self.request_id, self.prompt, self.prompt_token_ids, outputs, finished=True,
-                num_cached_tokens=last.num_cached_tokens if last else 0,
-            )
-        )
 
     # --- read by the caller ----------------------------------------------------------------
     def __aiter__(self) -> RequestStream:
@@ -158,7 +134,6 @@ class RequestStream:
             error, self._error, self._consumed = self._error, None, True
             raise error
         out, self._latest = self._latest, None
-        self._last_read = out
         self._consumed = out.finished
         return out
 
@@ -171,11 +146,12 @@ class RequestStream:
 
 
 class AsyncLLM:
-    """Serve an :class:`LLMEngine` to concurrent asyncio callers.
+    """Serve an :class:`LLMEngine` to concurrent asyncio callers. It takes the engine over:
+    from :meth:`start` on nobody else may call its ``add_request`` or ``step``.
 
-    ``max_waiting`` caps how many sequences may wait for a seat in the running batch (counted
-    from the engine's last step plus arrivals since); beyond it ``add_request`` raises
-    :class:`QueueFullError` so that a server can shed load instead of queueing without bound.
+    ``max_waiting`` caps how many sequences may wait for a seat (those in flight minus those
+    running at the core's last step); beyond it ``add_request`` raises :class:`QueueFullError`
+    so that a server can shed load instead of queueing without bound.
     """
 
     def __init__(self, engine: LLMEngine, max_waiting: int | None = None, metrics: ServerMetrics | None = None):
@@ -184,22 +160,23 @@ class AsyncLLM:
         self.engine = engine
         self.max_waiting = max_waiting
         self.metrics = metrics or ServerMetrics()
-        # The engine's tokenizer belongs to the loop thread; callers tokenize and check their
-        # requests with the same rules and a tokenizer of their own.
+        # Tokenizing (a worker thread of the server) and detokenizing (the event loop) each
+        # have a tokenizer of their own: a Hugging Face tokenizer must not serve two threads.
         self.input_processor = engine.caller_input_processor()
         self.tokenizer = self.input_processor.tokenizer
-        # A server runs for days: keep a short window of per-step figures (totals are kept
-        # anyway); the gauges read the steps recorded since the last look.
-        engine.stats.window = min(engine.stats.window or STATS_WINDOW, STATS_WINDOW)
-        self._steps_seen = engine.stats.num_steps
+        self.output_processor = engine.output_processor
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.model_config.vocab_size
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}  # event loop thread only
-        self._timing: dict[str, _Timing] = {}  # loop thread only
-        self._last_running = 0  # sequences running after the last step (loop thread only)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        # A server runs for days: keep a short window of per-step figures in the core.
+        window = engine.get_stats().window
+        engine.set_stats_window(STATS_WINDOW if window is None else min(window, STATS_WINDOW))
+        self._streams: dict[str, RequestStream] = {}
+        self._timing: dict[str, _Timing] = {}
+        self._sequences = 0  # samples in flight, for max_waiting
+        self._running = 0  # sequences holding a seat at the core's last message
+        self._prefix = [0, 0]  # prompt tokens looked up in / served from the prefix cache
+        self._connection: CoreConnection | None = None
+        self._connecting: asyncio.Future | None = None
         self._dead: BaseException | None = None
         self._stopping = False
         self._accepting = True
@@ -211,23 +188,32 @@ class AsyncLLM:
     # --- lifecycle (event loop thread) -----------------------------------------------------
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._dead is None
+        return self._connection is not None and self._connection.alive and self._dead is None
 
-    def start(self) -> None:
-        """Start the loop thread; call from the event loop that will read the outputs."""
-        if self._thread is not None:
+    async def start(self) -> None:
+        """Connect to the engine core (its loop thread starts, or its process's socket joins
+        the event loop); call from the event loop that will read the outputs."""
+        if self._connection is not None:
             return
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="minivllm-engine-loop", daemon=True)
-        self._thread.start()
+        if self._connecting is None:
+            loop = asyncio.get_running_loop()
+            self._connecting = asyncio.ensure_future(
+                self.engine.core_client.connect(loop, self._on_message, self._on_dead))
+        self._connection = await asyncio.shield(self._connecting)
 
     async def shutdown(self) -> None:
-        """Abort whatever is still running, stop the loop thread and wait for it."""
-        if self._thread is None or self._stopping:
+        """Abort whatever is still running (each stream ends with ``"abort"``), stop the
+        engine core and wait for it."""
+        if self._stopping:
             return
         self._stopping = True
-        self._commands.put(_STOP)
-        await asyncio.to_thread(self._thread.join)
+        await self.abort_all()
+        if self._connecting is not None:
+            connection = await self._connecting
+            await connection.close()
+        else:  # never started: a core process still has to go
+            await asyncio.to_thread(self.engine.shutdown)
+        self._dead = self._dead or EngineDeadError("the server shut down")
 
     # --- requests (event loop thread) ------------------------------------------------------
     def stop_accepting(self) -> None:
@@ -236,12 +222,12 @@ class AsyncLLM:
 
     async def abort_all(self) -> None:
         """Abort every running request; each caller's stream ends with ``"abort"``."""
-        if self._streams:
-            self._commands.put(_Abort(tuple(self._streams), notify=True))
+        for request_id in list(self._streams):
+            await self.abort(request_id)
 
     def _check_alive(self) -> None:
         if self._dead is not None:
-            raise EngineDeadError(f"the engine loop has stopped: {self._dead}")
+            raise EngineDeadError(f"the engine has stopped: {self._dead}")
         if self._stopping or not self._accepting:
             raise EngineDeadError("the server is shutting down and accepts no new requests")
 
@@ -256,37 +242,38 @@ class AsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        output_kind: RequestOutputKind = DELTA,
     ) -> RequestStream:
         """Queue a request and return its stream. Raises before anything is queued:
         ``ValueError`` / ``TypeError`` (the engine's validation, naming the value and the
         limit), :class:`QueueFullError`, :class:`EngineDeadError`."""
         arrival = time.perf_counter()
         self._check_alive()
-        self.start()
+        await self.start()
+        self._check_alive()
         inputs = self.input_processor.process(prompt, params, priority=priority, cache_salt=cache_salt)
         text, ids, params = inputs.prompt, inputs.prompt_token_ids, inputs.params
         request_id = f"req-{uuid.uuid4().hex}" if request_id is None else str(request_id)
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = RequestStream(request_id, text, ids, params.n, self._abort_from_caller)
+        op = self.output_processor
+        op.check_ids_free(request_id, params.n)
+        if self.max_waiting is not None and self._waiting() >= self.max_waiting:
+            with self.metrics.lock:
+                self.metrics.rejected.inc(label_value="queue_full")
+            raise QueueFullError(
+                f"the server is at capacity: {self._waiting()} requests are waiting for a "
+                f"seat and max_waiting={self.max_waiting}; retry later"
+            )
+        op.add_request(request_id, text, ids, params, output_kind, arrival)
+        self._connection.send(EngineCoreRequest(request_id, ids, params, arrival, priority, inputs.cache_salt))
+        stream = RequestStream(request_id, text, ids, params.n, output_kind, self._abort_from_caller)
         self._streams[request_id] = stream
-        future = self._loop.create_future()
-        self._commands.put(
-            _Add(request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, arrival, future,
-                 inputs.cache_salt)
-        )
-        try:
-            await future
-        except asyncio.CancelledError:
-            # The caller left while the add was in flight: it may still be added, so abort it
-            # after (commands run in order).
-            self._streams.pop(request_id, None)
-            self._commands.put(_Abort((request_id,), notify=False))
-            raise
-        except BaseException:
-            self._streams.pop(request_id, None)
-            raise
+        self._timing[request_id] = _Timing(arrival, len(ids), params.n)
+        self._sequences += params.n
         return stream
+
+    def _waiting(self) -> int:
+        """Sequences without a seat: every one in flight minus those running at the last step."""
+        return max(0, self._sequences - self._running)
 
     async def generate(
         self,
@@ -294,10 +281,11 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        output_kind: RequestOutputKind = DELTA,
     ) -> AsyncIterator[RequestOutput]:
-        """``async for out in llm.generate(...)``: cumulative outputs until ``out.finished``.
-        Closing or cancelling the iteration aborts the request."""
-        stream = await self.add_request(prompt, params, request_id, priority)
+        """``async for out in llm.generate(...)``: outputs (by default the new text and tokens
+        of each step) until ``out.finished``. Closing or cancelling the iteration aborts it."""
+        stream = await self.add_request(prompt, params, request_id, priority, output_kind=output_kind)
         try:
             async for out in stream:
                 yield out
@@ -306,228 +294,138 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; its caller's stream ends with ``finish_reason="abort"``."""
-        if request_id in self._streams:
-            self._commands.put(_Abort((request_id,), notify=True))
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        for out in self._end(request_id):
+            stream._put(out)
+        self._forget(request_id)
 
     def _abort_from_caller(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._end(request_id)
+            self._forget(request_id)
+
+    def _end(self, request_id: str) -> list[RequestOutput]:
+        """End a request here and in the core; its final outputs."""
+        op = self.output_processor
+        samples = op.sample_ids([request_id])
+        outputs, ended = op.abort([request_id])
+        if samples and self._connection is not None and self._connection.alive:
+            self._connection.send(FinishRequests(tuple(samples), RequestStatus.FINISHED_ABORTED))
+        self._count_ended(ended)
+        return outputs
+
+    def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-        if self._thread is not None and self._dead is None:
-            self._commands.put(_Abort((request_id,), notify=False))
-
-    def _deliver(self, items: list[tuple[str, object]]) -> None:
-        """Event loop side of a delivery: hand each item to its stream."""
-        for request_id, item in items:
-            stream = self._streams.get(request_id)
-            if stream is None:
-                continue
-            if item is _ABORTED:
-                stream._abort()
-            elif isinstance(item, BaseException):
-                stream._fail(item)
-            else:
-                stream._put(item)
-            if stream.finished:
-                del self._streams[request_id]
-
-    def _fail_all_streams(self, error: BaseException) -> None:
-        for stream in list(self._streams.values()):
-            stream._fail(error)
-        self._streams.clear()
-
-    # --- the loop thread -------------------------------------------------------------------
-    def _post(self, callback: Callable, *args) -> None:
-        """Run ``callback(*args)`` on the event loop (a no-op once that loop is closed)."""
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:
-            pass
-
-    def _run(self) -> None:
-        try:
-            while True:
-                commands = self._take_commands(block=not self.engine.has_unfinished_requests())
-                if any(c is _STOP for c in commands):
-                    self._stop(commands)
-                    return
-                for command in commands:
-                    if isinstance(command, _Add):
-                        self._handle_add(command)
-                    else:
-                        self._handle_abort(command)
-                if self.engine.has_unfinished_requests():
-                    self._step()
-        except BaseException as error:  # a bug in this loop: never leave callers hanging
-            self._dead = error
-            dead = EngineDeadError(f"the engine loop crashed: {error!r}")
-            self._post(self._fail_all_streams, dead)
-            self._reject_pending(dead)
-
-    def _take_commands(self, block: bool) -> list:
-        commands = [self._commands.get()] if block else []
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
-
-    def _reject_pending(self, error: BaseException, commands: Sequence = ()) -> None:
-        for command in [*commands, *self._take_commands(block=False)]:
-            if isinstance(command, _Add):
-                self._post(_resolve, command.future, error)
-
-    def _waiting_count(self) -> int:
-        """Sequences without a seat: everything unfinished minus what ran at the last step."""
-        return max(0, self.engine.get_num_unfinished_requests() - self._last_running)
-
-    def _handle_add(self, command: _Add) -> None:
-        if command.future.cancelled():
-            return
-        if self.max_waiting is not None and self._waiting_count() >= self.max_waiting:
+        timing = self._timing.pop(request_id, None)
+        if timing is not None:
+            self._sequences -= timing.num_samples
             with self.metrics.lock:
-                self.metrics.rejected.inc(label_value="queue_full")
-            error = QueueFullError(
-                f"the server is at capacity: {self._waiting_count()} requests are waiting for a "
-                f"seat and max_waiting={self.max_waiting}; retry later"
-            )
-            self._post(_resolve, command.future, error)
-            return
-        try:
-            self.engine.add_request(
-                command.request_id, command.prompt, command.params,
-                priority=command.priority, arrival_time=command.arrival_time, cache_salt=command.cache_salt,
-            )
-        except (ValueError, TypeError) as error:
-            self._post(_resolve, command.future, error)
-            return
-        num_prompt = len(command.prompt["prompt_token_ids"])
-        self._timing[command.request_id] = _Timing(command.arrival_time, num_prompt, command.params.n)
-        self._post(_resolve, command.future, None)
+                self.metrics.prompt_tokens.inc(timing.num_prompt_tokens)
 
-    def _handle_abort(self, command: _Abort) -> None:
-        ids = [rid for rid in command.request_ids if rid in self._timing]
-        if not ids:
-            return
-        result = self.engine.abort_request(ids)
-        final = {out.request_id: out for out in (result or []) if out.finished}
-        with self.metrics.lock:
-            for rid in ids:
-                self._count_ended(self._timing.pop(rid), "abort")
-        if command.notify:
-            self._post(self._deliver, [(rid, final.get(rid, _ABORTED)) for rid in ids])
-        self._refresh_gauges()
-
-    def _step(self) -> None:
+    # --- messages from the core (event loop thread) ------------------------------------------
+    def _on_message(self, message: EngineCoreOutputs) -> None:
         try:
-            outputs = self.engine.step()
-        except Exception as error:  # noqa: BLE001 - fail the requests in flight, keep serving
-            self._fail_in_flight(error)
-            return
+            self._handle(message)
+        except Exception as error:  # a bug here: never leave callers hanging
+            self._on_dead(EngineDeadError(f"handling the engine's outputs failed: {error!r}"))
+            if self._connection is not None:
+                self._connection.begin_close()  # shutdown() waits for the same stop
+
+    def _handle(self, message: EngineCoreOutputs) -> None:
         now = time.perf_counter()
-        self._record_outputs(outputs, now)
-        self._refresh_gauges()
-        items = []
-        for out in outputs:
-            if out.finished:
-                self._timing.pop(out.request_id, None)
-            errors = [c.error for c in out.outputs if c.finish_reason == "error"]
-            if out.finished and errors:
-                with self.metrics.lock:
+        done = self.output_processor.process(message.deltas)
+        if done.stopped:
+            self._connection.send(FinishRequests(tuple(done.stopped), RequestStatus.FINISHED_STOPPED))
+        self._record(done, now)
+        self._count_ended(done.ended)
+        self._refresh_gauges(message)
+        for out in done.outputs:
+            self._deliver(out)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        rid = out.request_id
+        timing = self._timing.get(rid)
+        if timing is not None and timing.error is None:
+            timing.error = next((c.error or "unknown error" for c in out.outputs if c.finish_reason == "error"), None)
+        stream = self._streams.get(rid)
+        if not out.finished:
+            if stream is not None:
+                stream._put(out)
+            return
+        if timing is not None:
+            with self.metrics.lock:
+                self.metrics.e2e.observe(time.perf_counter() - timing.arrival_time)
+                if timing.error is not None:
                     self.metrics.failed.inc()
-                items.append((out.request_id, RequestFailedError(f"the engine failed this request: {errors[0]}")))
+        if stream is not None:
+            if timing is not None and timing.error is not None:
+                stream._fail(RequestFailedError(f"the engine failed this request: {timing.error}"))
             else:
-                items.append((out.request_id, out))
-        if items:  # outputs of requests whose caller left are dropped by _deliver
-            self._post(self._deliver, items)
+                stream._put(out)
+        self._forget(rid)
 
-    def _fail_in_flight(self, error: Exception) -> None:
-        """``step()`` raised. The engine cannot tell us which requests were in the failed
-        batch, and their state may be half-updated, so every request it holds is aborted and
-        its caller gets the error; the loop then serves new requests as before."""
-        ids = list(self._timing)
-        self.engine.abort_request(ids)
-        message = f"the engine failed while running this request: {type(error).__name__}: {error}"
-        with self.metrics.lock:
-            self.metrics.failed.inc(len(ids))
-            for timing in self._timing.values():
-                self._count_ended(timing, "error")
-        self._timing.clear()
-        self._post(self._deliver, [(rid, RequestFailedError(message)) for rid in ids])
-        self._refresh_gauges()
-
-    def _count_ended(self, timing: _Timing, reason: str) -> None:
-        """A request that ended outside a step's outputs (aborted, or failed with its step):
-        each of its ``n`` sequences counts once, as finished ones do. Hold the metrics lock."""
-        self.metrics.finished.inc(timing.num_samples, label_value=reason)
-        self.metrics.prompt_tokens.inc(timing.num_prompt_tokens)
-
-    def _record_outputs(self, outputs: list[RequestOutput], now: float) -> None:
-        """Latency histograms, measured where the caller will see the tokens: right after the
-        step that produced them. TTFT counts from the caller's arrival, queueing included."""
+    def _record(self, done: ProcessedOutputs, now: float) -> None:
+        """Latency histograms, measured where the caller gets the tokens: right after the
+        step's outputs were processed. TTFT counts from the arrival, queueing included."""
         m = self.metrics
         with m.lock:
-            for out in outputs:
-                timing = self._timing.get(out.request_id)
+            for rid, new in done.new_tokens.items():
+                timing = self._timing.get(rid)
                 if timing is None:
                     continue
-                tokens = sum(len(c.token_ids) for c in out.outputs)
-                if tokens > timing.tokens_seen:
-                    if timing.first_token_time is None:
-                        timing.first_token_time = now
-                        m.ttft.observe(now - timing.arrival_time)
-                    else:
-                        m.itl.observe(now - timing.last_token_time)
-                    m.generation_tokens.inc(tokens - timing.tokens_seen)
-                    timing.last_token_time, timing.tokens_seen = now, tokens
-                if out.finished:
-                    m.e2e.observe(now - timing.arrival_time)
-                    m.prompt_tokens.inc(timing.num_prompt_tokens)
-                    for c in out.outputs:
-                        m.finished.inc(label_value=c.finish_reason or "unknown")
+                if timing.first_token_time is None:
+                    timing.first_token_time = now
+                    m.ttft.observe(now - timing.arrival_time)
+                else:
+                    m.itl.observe(now - timing.last_token_time)
+                m.generation_tokens.inc(new)
+                timing.last_token_time = now
 
-    def _refresh_gauges(self) -> None:
-        """Read the steps the engine recorded since last time."""
-        stats = self.engine.get_stats()
-        new = stats.num_steps - self._steps_seen
-        self._steps_seen = stats.num_steps
-        steps, m = (stats.steps[-new:] if new > 0 else []), self.metrics
-        with m.lock:
-            for s in steps:
-                m.steps.inc()
-                m.batch_size.observe(s.num_batched_seqs)
-                m.preemptions.inc(s.num_preemptions)
-            m.prefix_hit_rate.set(stats.prefix_hit_rate)
-            if not self.engine.has_unfinished_requests():
-                # Idle: nothing runs, waits or holds a block (checked by the tests).
-                self._last_running = 0
-                m.running.set(0)
-                m.waiting.set(0)
-                m.kv_usage.set(0.0)
-            elif steps:
-                last = steps[-1]
-                self._last_running = last.num_running
-                m.running.set(last.num_running)
-                m.waiting.set(last.num_waiting)
-                m.kv_usage.set(last.kv_blocks_used / last.kv_blocks_total if last.kv_blocks_total else 0.0)
-
-    def _stop(self, commands: list) -> None:
-        """Shut down: refuse queued adds, abort every live request (ending its stream)."""
-        self._dead = EngineDeadError("the server shut down")
-        self._reject_pending(EngineDeadError("the server is shutting down"), [c for c in commands if c is not _STOP])
-        ids = list(self._timing)
-        if ids:
-            self.engine.abort_request(ids)
+    def _count_ended(self, ended: list[tuple[str, str]]) -> None:
+        """Each sample that ended counts once, by its finish reason."""
+        if ended:
             with self.metrics.lock:
-                for timing in self._timing.values():
-                    self._count_ended(timing, "abort")
-            self._timing.clear()
-            self._post(self._deliver, [(rid, _ABORTED) for rid in ids])
-        self._refresh_gauges()
+                for _, reason in ended:
+                    self.metrics.finished.inc(label_value=reason)
 
+    def _refresh_gauges(self, message: EngineCoreOutputs) -> None:
+        m, state, step = self.metrics, message.state, message.step
+        self._running = state.num_running
+        with m.lock:
+            if step is not None:
+                m.steps.inc()
+                m.batch_size.observe(step.num_batched_seqs)
+                m.preemptions.inc(step.num_preemptions)
+                self._prefix[0] += step.prefix_cache_queries
+                self._prefix[1] += step.prefix_cache_hits
+                if self._prefix[0]:
+                    m.prefix_hit_rate.set(self._prefix[1] / self._prefix[0])
+            m.running.set(state.num_running)
+            m.waiting.set(state.num_waiting)
+            m.kv_usage.set(state.kv_blocks_used / state.kv_blocks_total if state.kv_blocks_total else 0.0)
 
-def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+    def _on_dead(self, error: BaseException) -> None:
+        """The core stopped: every caller in flight fails with ``error``; nothing more is served."""
+        if self._dead is None:
+            self._dead = error
+        streams = list(self._streams.values())
+        self._streams.clear()
+        self._timing.clear()
+        self._sequences = 0
+        self.output_processor.clear()
+        for stream in streams:
+            stream._fail(error if isinstance(error, EngineDeadError) else EngineDeadError(str(error)))
+
+    # --- asking the core (tests, tools) ------------------------------------------------------
+    async def core_state(self):
+        """The core's state now (``minivllm.core.messages.CoreState``): running, waiting, KV
+        blocks in use, samples held -- read by the core itself, wherever it runs."""
+        await self.start()
+        return await self._connection.call("state")
+
+    async def check_invariants(self) -> None:
+        """The KV manager's invariants, checked in the core."""
+        await self.start()
+        await self._connection.call("check_invariants")

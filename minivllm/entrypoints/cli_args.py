@@ -19,6 +19,11 @@ from minivllm.core.scheduler import SCHEDULING_POLICIES
 from minivllm.entrypoints.front_door import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT
 
 DEFAULT_PORT = 8000
+# Where the server's defaults differ from the engine's, by measurement (docs/serving.md, "Server
+# defaults"): the engine core in a process of its own; and on a CPU 128 seats, as vLLM's
+# server on a CPU has: a smaller batch steps faster while the front end works beside it.
+SERVER_ENGINE_DEFAULTS = {"engine_core_process": True}
+CPU_SERVER_ENGINE_DEFAULTS = {"max_num_seqs": 128}
 
 # fields with a fixed set of names (the plug-in points also take objects, but not from a shell)
 CHOICES = {
@@ -46,7 +51,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"default: {default}"
+        help_text = f"default: {SERVER_ENGINE_DEFAULTS.get(f.name, default)}"
+        if f.name in CPU_SERVER_ENGINE_DEFAULTS:
+            help_text += f" ({CPU_SERVER_ENGINE_DEFAULTS[f.name]} on a CPU)"
         if kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
@@ -55,10 +62,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                                default=argparse.SUPPRESS, help=help_text)
 
 
+def server_engine_defaults(device: str | None) -> dict:
+    """The server's own defaults for a model served on ``device`` (None: the engine's choice,
+    a GPU if there is one)."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_cpu = not str(device).startswith("cuda")
+    return {**SERVER_ENGINE_DEFAULTS, **(CPU_SERVER_ENGINE_DEFAULTS if on_cpu else {})}
+
+
 def engine_args_from(namespace: argparse.Namespace) -> dict:
-    """The engine arguments given on the command line (absent ones keep their defaults)."""
+    """The engine arguments given on the command line; absent ones keep the server's default
+    (:func:`server_engine_defaults`) or the engine's."""
     names = {f.name for f in dataclasses.fields(EngineArgs)}
-    return {k: v for k, v in vars(namespace).items() if k in names}
+    given = {k: v for k, v in vars(namespace).items() if k in names}
+    return {**server_engine_defaults(given.get("device")), **given}
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -137,6 +137,11 @@ class BackgroundServer:
     server: GracefulServer
     thread: threading.Thread
 
+    def run(self, coro, timeout: float = 60.0):
+        """Run a coroutine on the server's event loop (where ``llm`` lives) and return its
+        result: ``srv.run(srv.llm.core_state())``."""
+        return asyncio.run_coroutine_threadsafe(coro, self.server._loop).result(timeout)
+
     def stop(self, timeout: float = 30.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)

@@ -15,7 +15,8 @@ format as this server uses it, and the test suite parses the output with ``prome
 own parser when it is installed. Names follow Prometheus conventions (``_seconds``, ``_total``)
 and mirror vLLM's ``vllm:*`` metrics (see ``docs/serving.md``).
 
-The engine loop thread writes, the HTTP thread reads: one lock guards every value.
+``AsyncLLM`` writes on the server's event loop, as it processes each step's outputs; ``render()``
+may be called from any thread (the route's, a test's, a notebook's): one lock guards every value.
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ class Histogram(_Metric):
 
 
 class ServerMetrics:
-    """Every metric the server exposes. The engine loop thread calls the ``record_*`` and
-    ``set_*`` methods; ``render()`` (HTTP thread) returns the exposition text."""
+    """Every metric the server exposes. ``AsyncLLM`` calls the ``record_*`` and ``set_*``
+    methods; ``render()`` (any thread) returns the exposition text."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -3,7 +3,7 @@
     POST /v1/completions        text in, text out (one prompt or a batch; n choices each)
     POST /v1/chat/completions   messages -> the tokenizer's chat template -> text out
     GET  /v1/models             the served model
-    GET  /health                200 while the engine loop runs, 503 otherwise
+    GET  /health                200 while the engine core runs, 503 once it has stopped
     GET  /metrics               Prometheus text (see minivllm/entrypoints/metrics.py)
 
 Each HTTP request becomes one engine request per prompt. With ``"stream": true`` the reply is
@@ -47,7 +47,7 @@ from minivllm.entrypoints.front_door import (
     error_response,
     read_body,
 )
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import RequestOutput, RequestOutputKind
 from minivllm.sampling_params import short_repr
 
 Kind = Literal["completion", "chat"]
@@ -91,11 +91,13 @@ class OpenAIServer:
     ) -> list[RequestStream]:
         """Add one engine request per prompt. If one is refused, the ones already added are
         aborted, so a refused HTTP request leaves nothing behind."""
+        kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
         streams: list[RequestStream] = []
         try:
             for i, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.llm.add_request(ids, params, rid, req.priority, cache_salt=req.cache_salt))
+                streams.append(await self.llm.add_request(ids, params, rid, req.priority, cache_salt=req.cache_salt,
+                                                          output_kind=kind))
         except BaseException:
             for s in streams:
                 await s.aclose()
@@ -163,15 +165,13 @@ class OpenAIServer:
             for s in streams:
                 await s.aclose()
 
-    def logprobs(self, kind: Kind, c, num: int | None, first_token: int = 0, text_offset: int = 0):
-        """The choice's log-probabilities from token ``first_token`` on, in the API's shape
-        (None unless the request asked for them)."""
-        if num is None or getattr(c, "logprobs", None) is None:
+    def logprobs(self, kind: Kind, token_ids, logprobs, num: int | None, text_offset: int = 0):
+        """Tokens' log-probabilities in the API's shape (None unless the request asked)."""
+        if num is None or logprobs is None:
             return None
-        ids, lps = c.token_ids[first_token:], c.logprobs[first_token:]
         if kind == "chat":
-            return api.chat_logprobs(self.llm.tokenizer, ids, lps, num)
-        return api.completion_logprobs(self.llm.tokenizer, ids, lps, num, text_offset)
+            return api.chat_logprobs(self.llm.tokenizer, token_ids, logprobs, num)
+        return api.completion_logprobs(self.llm.tokenizer, token_ids, logprobs, num, text_offset)
 
     def full_response(self, kind: Kind, head: api.ResponseHeader, texts, outputs, echo: bool,
                       num_logprobs: int | None) -> dict:
@@ -180,10 +180,11 @@ class OpenAIServer:
         for i, out in enumerate(outputs):
             for c in out.outputs:
                 if kind == "chat":
-                    choices.append(api.chat_choice(c.index, c, self.logprobs(kind, c, num_logprobs)))
+                    choices.append(api.chat_choice(c.index, c, self.logprobs(kind, c.token_ids, c.logprobs,
+                                                                              num_logprobs)))
                 else:
                     prefix = texts[i] if echo else ""
-                    lps = self.logprobs(kind, c, num_logprobs, 0, len(prefix))
+                    lps = self.logprobs(kind, c.token_ids, c.logprobs, num_logprobs, len(prefix))
                     choices.append(api.completion_choice(i * n + c.index, prefix + c.text, c, lps))
         body = api.chat_response if kind == "chat" else api.completion_response
         return body(head, choices, api.usage_of(outputs))
@@ -194,11 +195,12 @@ class OpenAIServer:
         echo: bool, include_usage: bool, num_logprobs: int | None,
     ) -> AsyncIterator[str]:
         """Server-sent events: the new text of each choice as it arrives, ``finish_reason`` on
-        its last chunk, an optional usage chunk, then ``[DONE]``. Closing this generator (the
-        client left, or the server is shutting down) aborts every request still running."""
-        sent_text: dict[int, int] = {}
-        sent_tokens: dict[int, int] = {}
-        finals: dict[int, RequestOutput] = {}
+        its last chunk, an optional usage chunk, then ``[DONE]``. The streams' outputs are
+        deltas, so each event costs what is new. Closing this generator (the client left, or
+        the server is shutting down) aborts every request still running."""
+        sent_text: dict[int, int] = {}  # characters sent per choice (logprobs' text_offset)
+        held: dict[int, tuple[list[int], list]] = {}  # tokens (and logprobs) not sent with text yet
+        completion_tokens, cached = 0, [0] * len(streams)
         try:
             if kind == "chat":  # the role comes first, as OpenAI's streams do
                 first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -213,25 +215,31 @@ class OpenAIServer:
                 choices = []
                 for c in out.outputs:
                     index = p * n + c.index
-                    start = sent_text.get(index, 0)
-                    delta = c.text[start:]
-                    if not delta and c.finish_reason is None:
+                    completion_tokens += len(c.token_ids)
+                    tokens, lps = held.pop(index, ([], []))
+                    tokens = tokens + c.token_ids
+                    lps = lps + (c.logprobs or [])
+                    if not c.text and c.finish_reason is None:  # no text yet: send the tokens later
+                        held[index] = (tokens, lps)
                         continue
+                    start = sent_text.get(index, 0)
                     offset = start + (len(texts[p]) if echo else 0)
-                    lps = self.logprobs(kind, c, num_logprobs, sent_tokens.get(index, 0), offset)
-                    sent_text[index], sent_tokens[index] = len(c.text), len(c.token_ids)
+                    logprobs = self.logprobs(kind, tokens, lps if c.logprobs is not None else None,
+                                             num_logprobs, offset)
+                    sent_text[index] = start + len(c.text)
                     if kind == "chat":
-                        choices.append({"index": index, "delta": {"content": delta}, "logprobs": lps,
+                        choices.append({"index": index, "delta": {"content": c.text}, "logprobs": logprobs,
                                         "finish_reason": c.finish_reason})
                     else:
-                        choices.append({"index": index, "text": delta, "logprobs": lps,
+                        choices.append({"index": index, "text": c.text, "logprobs": logprobs,
                                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
                 if out.finished:
-                    finals[p] = out
+                    cached[p] = out.num_cached_tokens
                 if choices:
                     yield _sse(api.chunk(head, kind, choices))
             if include_usage:
-                yield _sse(api.chunk(head, kind, [], api.usage_of([finals[p] for p in sorted(finals)])))
+                prompt_tokens = sum(len(s.prompt_token_ids) for s in streams)
+                yield _sse(api.chunk(head, kind, [], api.usage(prompt_tokens, completion_tokens, sum(cached))))
         except RequestFailedError as error:
             yield _sse(api.error_body(str(error), "server_error", None, 500))
         except EngineDeadError as error:
@@ -337,7 +345,7 @@ def build_app(llm: AsyncLLM, model_name: str, door: DoorOptions | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        llm.start()
+        await llm.start()
         yield
         await llm.shutdown()
         server.close()
@@ -372,7 +380,7 @@ def build_app(llm: AsyncLLM, model_name: str, door: DoorOptions | None = None) -
     async def health() -> Response:
         if llm.is_running:
             return Response(status_code=200)
-        return error_response(503, "the engine loop is not running", "server_error")
+        return error_response(503, "the engine core is not running", "server_error")
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

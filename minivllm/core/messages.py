@@ -1,0 +1,170 @@
+"""What crosses between a front end and the engine core: small messages of token ids.
+
+The front end (``LLMEngine``, ``AsyncLLM``) tokenizes, validates and detokenizes; the engine
+core schedules and runs the model. Whether the core runs in the caller's process or in a
+process of its own (``engine_core_process=True``), they talk only through these messages:
+
+    front end -> core   EngineCoreRequest   one user request: prompt token ids, its settings
+                        FinishRequests      end samples now (an abort, a stop string found)
+                        UtilityCall         a question about the core (its statistics, state)
+                        SHUTDOWN            abort everything and stop
+    core -> front end   EngineCoreOutputs   one step: per sample the *new* token ids (a delta),
+                                            how it ended, log-probabilities; the core's state
+                                            for the gauges; what the step did
+                        UtilityResult       the answer to a UtilityCall
+
+Text never crosses: a token id is an int, a step's message is one small object per sample that
+made progress, so its size does not grow with the length of an answer. vLLM v1 has the same
+split (``EngineCoreRequest`` / ``EngineCoreOutputs`` in ``vllm/v1/engine/__init__.py``).
+
+Pure Python (no torch): the messages are pickled when the core runs in another process (see
+``docs/architecture.md`` for why pickle), and passed as they are when it runs in this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from minivllm.core.interfaces import Logprobs
+from minivllm.outputs import RequestMetrics
+from minivllm.request import Request, RequestStatus
+from minivllm.sampling_params import SamplingParams
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The engine-level ids of a user request's ``n`` samples: the id itself when ``n == 1``."""
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
+
+
+# --- front end -> core ---------------------------------------------------------------------
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """One user request, validated and tokenized by the front end (``InputProcessor``)."""
+
+    request_id: str  # the user's id; its samples are sample_ids(request_id, params.n)
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float  # time.perf_counter() when it arrived (system-wide, so any process)
+    priority: int = 0
+    cache_salt: str | None = None
+
+    def samples(self, eos_token_ids: tuple[int, ...]) -> list[Request]:
+        """The core's requests: one per sample, sample ``i`` seeded ``seed + i`` (the first is
+        the leader the others fork off; see ``EngineCore.add_request``)."""
+        params = self.params
+        per_sample = [params] if params.n == 1 else [params.for_sample(i) for i in range(params.n)]
+        return [
+            Request(rid, self.prompt_token_ids, sp, arrival_time=self.arrival_time,
+                    priority=self.priority, eos_token_ids=eos_token_ids, cache_salt=self.cache_salt)
+            for rid, sp in zip(sample_ids(self.request_id, params.n), per_sample, strict=True)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRequests:
+    """End these samples now with ``status`` (aborted, or stopped at a stop string the front
+    end found): they leave the scheduler and their blocks are freed. Unknown ids are ignored."""
+
+    request_ids: tuple[str, ...]
+    status: RequestStatus
+
+
+UTILITIES = ("get_stats", "reset_stats", "check_invariants", "state", "set_stats_window")
+
+
+@dataclass(frozen=True, slots=True)
+class UtilityCall:
+    """A question for the core, answered by a :class:`UtilityResult` with the same ``call_id``.
+    ``method`` is one of :data:`UTILITIES` (nothing else is called)."""
+
+    call_id: int
+    method: str
+    args: tuple = ()
+
+
+SHUTDOWN = "shutdown"  # the command that stops the core (a string: it pickles as itself)
+
+
+# --- core -> front end ---------------------------------------------------------------------
+@dataclass(slots=True)
+class RequestDelta:
+    """What one step did for one sample (vLLM's ``EngineCoreOutput``): only what is new."""
+
+    request_id: str  # the sample's id
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; None: running on
+    stop_reason: int | str | None = None  # the stop token id that ended it
+    error: str | None = None  # why it failed (finish_reason == "error")
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served it
+    new_logprobs: list[Logprobs] | None = None  # one per new token, when asked for
+    prompt_logprobs: tuple[int, list] | None = None  # (first prompt position, entries)
+    metrics: RequestMetrics | None = None  # its times, on the delta that ends it
+
+    def __reduce__(self):
+        """Pickled as its fields in a tuple: a step sends one delta per sample, and this is
+        about 3x cheaper than pickle's default for a dataclass (benchmarks/core_transport.py)."""
+        return RequestDelta, (self.request_id, self.new_token_ids, self.finish_reason, self.stop_reason,
+                              self.error, self.num_cached_tokens, self.new_logprobs, self.prompt_logprobs,
+                              self.metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreState:
+    """The core right after a step or a command: what the gauges show."""
+
+    num_running: int  # sequences holding a seat
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_unfinished: int  # every sample the core holds (running, waiting, unforked siblings)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What one step did, for the counters and histograms (read off its ``StepStats``)."""
+
+    num_batched_seqs: int  # sequences in the forward pass
+    num_preemptions: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # ... and found there
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    """One message from the core: the deltas of one step (or of a command that ended samples),
+    the state it left, and the step's figures (``None`` when no step ran)."""
+
+    deltas: list[RequestDelta]
+    state: CoreState
+    step: StepSummary | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UtilityResult:
+    call_id: int
+    value: Any = None
+    error: str | None = None  # "TypeName: message" when the call raised
+
+
+# --- the core process's start-up handshake ----------------------------------------------------
+@dataclass(frozen=True)
+class CoreReady:
+    """What the front end needs to know about the core it started (after the model loaded)."""
+
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+    can_fork: bool
+    model_config: Any  # minivllm.model.ModelConfig
+    device: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class CoreFailed:
+    """The core could not start: the exception's type name, message and traceback."""
+
+    error_type: str
+    message: str
+    traceback: str = field(repr=False, default="")

@@ -1,0 +1,155 @@
+"""Building the engine core's side: the model, its KV cache, the model runner, the step loop.
+
+Everything that needs torch or the model's weights is built here, by :func:`build_core`, from
+the engine arguments -- in the caller's process (``LLM()``, the default) or in the engine
+core's own process (``engine_core_process=True``, ``minivllm/engine/core_process.py``). The
+front end (``LLMEngine``: tokenizer, input and output processing) needs none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minivllm.config import (
+    EngineArgs,
+    build_engine_core,
+    build_scheduler,
+    resolve_max_model_len,
+    resolve_num_kv_blocks,
+)
+from minivllm.core.engine_core import EngineCore
+from minivllm.core.messages import CoreReady
+from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.sampler import Sampler
+from minivllm.model.config import ModelConfig
+from minivllm.model.llama import LlamaFamilyModel
+from minivllm.model.loader import load_model, resolve_dtype
+
+_DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
+SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see set_cpu_threads)
+_BOOKKEEPING_BYTES_PER_BLOCK = 200  # a KVCacheBlock object and its list entries, roughly
+logger = logging.getLogger("minivllm")
+
+
+@dataclass
+class BuiltCore:
+    """The engine core and the parts it drives."""
+
+    core: EngineCore
+    model: LlamaFamilyModel
+    runner: ModelRunner
+    sampler: Sampler
+    max_model_len: int
+    kv_dtype: torch.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    def ready(self) -> CoreReady:
+        kv = self.core.kv
+        return CoreReady(self.max_model_len, kv.num_blocks, kv.block_size, self.core.can_fork,
+                         self.model.config, str(self.device), os.getpid())
+
+
+def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> BuiltCore:
+    """Load the checkpoint at ``model_path`` and build the KV cache, the model runner and the
+    step loop that ``args`` describe. ``pad_token_id`` fills static batching's padding rows."""
+    model, _ = load_model(model_path, dtype=args.dtype, device=args.device,
+                          attention_backend=args.attention_backend)
+    device = model.lm_head.weight.device
+    set_cpu_threads(args, model.config, device)
+    cfg = model.config
+    max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
+    kv_dtype = resolve_dtype(args.dtype, device)
+    pool = _Pool(args, cfg, device, kv_dtype, max_model_len)
+    scheduler = build_scheduler(args, max_model_len, pool.num_kv_blocks)
+    kv = scheduler.kv
+    pool.check_memory(kv.num_blocks)
+    sampler = Sampler(seed=args.seed)
+    runner = ModelRunner(model, kv.num_blocks, kv.block_size, sampler,
+                         pad_token_id if pad_token_id is not None else 0, kv_dtype)
+    core = build_engine_core(args, scheduler, runner, time.perf_counter)
+    return BuiltCore(core, model, runner, sampler, max_model_len, kv_dtype)
+
+
+def set_cpu_threads(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> None:
+    """On a CPU, choose torch's (process-wide) thread count. A small model's matmuls are too
+    small to gain much from a second thread, while threads that compete with other work for
+    the cores lose badly (a parallel operation waits for its slowest thread): measured by
+    ``benchmarks/vs_vllm.py`` and ``benchmarks/throughput.py``, see "Threads" in
+    docs/benchmarks.md. So small models (hidden size < 1024) get 1 thread unless
+    ``cpu_threads`` says otherwise; larger models keep torch's default."""
+    if device.type != "cpu":
+        return
+    threads = args.cpu_threads
+    if threads is None and cfg.hidden_size < SMALL_MODEL_HIDDEN_SIZE:
+        threads = 1
+    if threads is not None and threads != torch.get_num_threads():
+        logger.info("minivllm: torch.set_num_threads(%d) for the CPU engine", threads)
+        torch.set_num_threads(threads)
+
+
+class _Pool:
+    """The KV pool's size, and whether it fits in memory."""
+
+    def __init__(self, args: EngineArgs, cfg: ModelConfig, device: torch.device, kv_dtype: torch.dtype,
+                 max_model_len: int):
+        self.args, self.device, self.max_model_len = args, device, max_model_len
+        itemsize = torch.finfo(kv_dtype).bits // 8
+        self.bytes_per_block = cfg.kv_bytes_per_token(itemsize) * args.block_size
+
+    def num_kv_blocks(self) -> int:
+        num_blocks = resolve_num_kv_blocks(self.args, self.max_model_len, self.bytes_per_block,
+                                           self._default_memory)
+        self.check_memory(num_blocks)  # before any block object exists
+        return num_blocks
+
+    def _default_memory(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.5)
+        # Enough for every seat to hold a full-length sequence, capped at 256 MiB, but always
+        # at least one full-length sequence.
+        per_token = self.bytes_per_block // self.args.block_size
+        wanted = per_token * self.max_model_len * self.args.max_num_seqs
+        return max(min(_DEFAULT_CPU_KV_BYTES, wanted), per_token * self.max_model_len)
+
+    def check_memory(self, num_blocks: int) -> None:
+        """The pool must fit in memory (checked before the tensors are allocated, so an absurd
+        size fails fast instead of swapping)."""
+        cache_bytes = num_blocks * self.bytes_per_block
+        host_bytes = num_blocks * _BOOKKEEPING_BYTES_PER_BLOCK
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if cache_bytes > free:
+                raise ValueError(
+                    f"a KV cache of {num_blocks} blocks needs {cache_bytes / 2**30:.2f} GiB on "
+                    f"{self.device} but only {free / 2**30:.2f} GiB are free"
+                )
+            cache_bytes = 0
+        available = available_host_memory()
+        if available is not None and cache_bytes + host_bytes > available:
+            raise ValueError(
+                f"a KV cache of {num_blocks} blocks needs {(cache_bytes + host_bytes) / 2**30:.2f} GiB "
+                f"of host memory but only {available / 2**30:.2f} GiB are available; lower "
+                f"num_kv_blocks / kv_cache_memory"
+            )
+
+
+def available_host_memory() -> int | None:
+    """Bytes of memory the OS says are available (Linux ``MemAvailable``), or ``None``."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
