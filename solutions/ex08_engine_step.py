@@ -15,16 +15,15 @@ The rules (``plan`` is what ``self.scheduler.schedule()`` returned; ``start`` is
 before that call, ``end`` the clock once the step's last token is appended or, for a failed
 step, once its requests have ended):
 
-1. **Plan and run.** Each step plans once and runs the plan once
-   (``self.executor.execute(plan)``). Before it runs, the plan is completed: ``self.begin_step(
-   plan)`` (the base class: what ended since the last step, and the debug checks), and
+1. **Plan and run.** Each step plans once and runs the plan once (``self.executor.execute``).
+   The executor gets the plan completed: ``self.begin_step(plan)`` has seen it, and
    ``plan.forks`` maps every leader that samples in this step and still has siblings waiting
    (``self.pending_siblings``) to those siblings: the executor draws their first tokens from
    the leader's row (``result.sampled`` then holds a token for each).
 2. **Written blocks.** The blocks a step filled join the prefix cache
    (``self.kv.commit_written_blocks()``) only once the executor has returned -- and before
-   any request of the step gives its blocks back, so a request that ends in the step leaves
-   them cached for the next one with the same prefix.
+   any request of the step gives its blocks back, for whatever reason it ends, so it leaves
+   them cached for the next request with the same prefix.
 3. **The executor raises** (any ``Exception``): nothing is known to have been written, so
    nothing of the step may join the prefix cache (``self.kv.discard_unwritten_blocks()``);
    every request of the plan ends with status ``FINISHED_ERROR``, and so do the siblings
@@ -33,39 +32,43 @@ step, once its requests have ended):
    requests not in the plan are not touched, and the engine goes on with them. (Log the error
    with ``logger.error(..., exc_info=err)``: a server must say why its requests failed.)
 4. **An interrupt** (``KeyboardInterrupt``: a ``BaseException`` that is not an ``Exception``)
-   is cleaned up exactly like rule 3, then goes on up out of ``step()``.
+   does everything rule 3 says, including recording the step, but re-raises the interrupt
+   instead of returning.
 5. **A row fails** (``result.failed``: request id -> message): that request and the siblings
-   waiting on it end with ``FINISHED_ERROR`` and the message, get no token even if the executor
-   drew one, and fork nothing; the other requests of the step go on untouched.
-6. **Forks.** A leader that got its token forks its waiting siblings that have not ended
-   (``self.scheduler.fork_request(leader, sibling)``: the sibling runs beside it sharing its
-   blocks if a seat is free, else waits for one) before any token of the step is appended, in
-   the plan's order of the leaders, each leader's siblings in their order; they no longer wait
-   in ``self.pending_siblings``.
+   waiting on it end with ``FINISHED_ERROR``, and each gets that message in ``failed``; they get
+   no token even if the executor drew one, and fork nothing; the other requests of the step go
+   on untouched.
+6. **Forks.** A leader that got its token forks each of its waiting siblings that has not
+   ended, once (``self.scheduler.fork_request(leader, sibling)``: the sibling runs beside it
+   sharing its blocks if a seat is free, else waits for one), leaders in the plan's order and
+   siblings in theirs, all before any token of the step is appended. A sibling forked no longer
+   waits in ``self.pending_siblings``.
 7. **Tokens.** The tokens appended are ``result.sampled`` -- or, with ``choose_tokens`` (beam
    search), ``choose_tokens(plan, result)`` -- less those of failed requests, by one call of
-   ``self.scheduler.update_from_output(tokens)``, which appends them, applies the stop rules,
-   frees the blocks of the requests that end and returns those.
-8. **Statistics**, one record per step, failed or not: ``self.stats.record_step(self.scheduler,
-   plan, start, end - start, prefix_cache_queries=..., prefix_cache_hits=...,
-   num_forked_tokens=...)``, called once the step's requests have their tokens and the finished
-   ones their blocks back (it reads the engine's state). A request of the plan scheduled for the
-   first time (its ``first_scheduled_time`` still ``None`` when the step was planned) counts its
-   ``num_tokens`` as queries and its tokens already computed in the plan (``plan.num_computed``)
-   as hits, and those become its ``num_cached_tokens``. Each sibling that forked *and got a seat*
-   counts its leader's ``num_computed_tokens`` as forked tokens.
+   ``self.scheduler.update_from_output(tokens)`` (it applies the stop rules, frees the blocks of
+   the requests that end and returns those).
+8. **Statistics**: one ``self.stats.record_step`` per step, failed or not (its signature says
+   what it takes), describing the engine as the step left it. The step's figures: a request of
+   the plan scheduled for the first time (no ``first_scheduled_time`` yet when the step was
+   planned) counts its ``num_tokens`` as prefix-cache queries and its tokens already computed
+   in the plan (``plan.num_computed``) as hits, and those become its ``num_cached_tokens``;
+   each sibling that forked *and got a seat* counts its leader's ``num_computed_tokens`` as
+   forked tokens. These figures are read off the plan, so a failed step reports them too.
 9. **Timestamps** live on the request, stamped once each: ``first_scheduled_time`` = ``start``
-   of the first step that computed any of its tokens (a failed step computed nothing; a sibling's
-   is the step that gave it its first token), stamped before anything of the step is recorded;
-   ``first_token_time`` = ``end`` of the step that appended its first token.
+   of the first step that computed any of its tokens (a failed step computed nothing; a
+   sibling's is the step that gave it its first token); ``first_token_time`` = ``end`` of the
+   step that appended its first token.
 10. **Finished.** Every request the step ends is recorded, once, with ``self.record_finish(req,
-    end)``, which stamps its finished time and hands the request to the statistics -- they keep
-    the times it has then. ``finish_requests`` does this for the requests it ends.
+    end)``, which stamps its finished time and hands the request to the statistics: they keep
+    the times it holds then, so by then it holds every time rule 9 gives it. ``finish_requests``
+    does this for the requests it ends, with its own reading of the clock: the finished time of
+    a failed request is the clock when it ended.
 11. **The output**: ``StepOutput(plan, start, end, sampled=<the tokens appended>,
     finished=<every request that ended in the step>, failed=<request id -> message>,
     logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)``.
-12. **No stall.** A step whose plan holds no request, preempted none and ended none while the
-    scheduler still has unfinished requests raises ``EngineStalledError``: nobody will ever run.
+12. **No stall.** A step whose plan schedules no request and preempts none, and that ends
+    none, while the scheduler has unfinished requests raises ``EngineStalledError``: nobody
+    will ever run.
 
 One step, for example: the plan is ``a`` (decoding), ``p`` (the last token of its prompt; ``n =
 2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns ``sampled = {a: 11,

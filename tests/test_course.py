@@ -170,6 +170,9 @@ _EX08_SOLUTION = (ROOT / "solutions" / "ex08_engine_step.py").read_text()
 # from the executor's call to the commit, and from the commit to the update, as the solution has them
 _EX08_RUN_TO_COMMIT = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_EXEC):_EX08_SOLUTION.index(_EX08_COMMIT) + len(_EX08_COMMIT)]
 _EX08_COMMIT_TO_UPDATE = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_COMMIT):_EX08_SOLUTION.index(_EX08_UPDATE) + len(_EX08_UPDATE)]
+_EX08_FAIL_ROWS = "        fail(result.failed)\n"
+_EX08_COMMIT_TO_FAIL_ROWS = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_COMMIT):
+                                           _EX08_SOLUTION.index(_EX08_FAIL_ROWS) + len(_EX08_FAIL_ROWS)]
 _EX08_RERAISE = ("            if not isinstance(err, Exception):  # Ctrl-C: the engine is consistent; pass it on\n"
                  "                raise\n")
 
@@ -469,6 +472,9 @@ MUTANTS = [
     # ex08: committed after the update (requests that finished in the step freed their blocks first)
     ("ex08_engine_step", _EX08_COMMIT_TO_UPDATE,
      _EX08_COMMIT_TO_UPDATE.replace(_EX08_COMMIT, "") + "        kv.commit_written_blocks()\n"),
+    # ex08: committed after the failed rows gave their blocks back (their written blocks never cached)
+    ("ex08_engine_step", _EX08_COMMIT_TO_FAIL_ROWS,
+     _EX08_COMMIT_TO_FAIL_ROWS.replace(_EX08_COMMIT, "") + "        kv.commit_written_blocks()\n"),
     # ex08: a failed step's blocks kept for the prefix cache (never discarded)
     ("ex08_engine_step", "            kv.discard_unwritten_blocks()  # nobody knows what the step wrote\n", ""),
     # ex08: a failed step fails every request the scheduler holds, not only the plan's

@@ -114,16 +114,22 @@ def _(ex):
 
 @case(CASES, "a failed row: that request ends with an error and gets no token", "StepLoop.step",
       "the requests in result.failed end with FINISHED_ERROR and their message (finish_requests frees "
-      "their blocks); a token drawn for a failed row is not appended; the other rows go on")
+      "their blocks); a token drawn for a failed row is not appended; the other rows go on. The executor "
+      "returned, so the step's blocks were written: they join the prefix cache before the failed row "
+      "gives them back (rule 2), and a later request with the same prefix finds them")
 def _(ex):
     trace = [R("ok", (1, 1, 2), 5), R("nan", (2, 0, 3), 5), R("later", (0, 3), 3, arrival_step=1)]
     setup = CoreSetup(fail_rows={2: ["nan"]}, token_for_failed_rows=True)
     compare_with_engine_core(ex, trace, setup, "row 'nan' fails at step 2 (with a token drawn for it)")
+    trace = [R("ok", (1, 1, 2), 5), R("nan", PREFIX + (0, 3), 5), R("same-prefix", PREFIX + (2,), 3, arrival_step=2)]
+    setup = CoreSetup(fail_rows={0: ["nan"]}, token_for_failed_rows=True)
+    compare_with_engine_core(ex, trace, setup, "row 'nan' fails in the step that wrote its two full blocks")
 
 
 @case(CASES, "n > 1: siblings fork off their leader and sample with it", "StepLoop.step",
-      "a leader that got its token forks its waiting siblings (scheduler.fork_request) before "
-      "update_from_output: the siblings' first tokens are appended in the same step")
+      "a leader that got its token forks its waiting siblings (scheduler.fork_request), once: a "
+      "sibling forked no longer waits in self.pending_siblings (forking it again raises 'already holds "
+      "blocks'); the siblings' first tokens are appended in the same step as the leader's")
 def _(ex):
     trace = [R("trio", PREFIX + (0,), 4, n=3), R("solo", (3, 2, 1), 3, arrival_step=1),
              R("pair", OTHER, 2, arrival_step=2, n=2, stop=(1,))]
