@@ -15,8 +15,13 @@ model on the plan, and hands the sampled tokens to ``update_from_output``.
 
 What you are given
 ------------------
-* ``config`` (a ``SchedulerConfig``): ``max_num_seqs`` (the seats), ``max_num_batched_tokens``
-  (the token budget of one step), ``max_model_len`` (the longest a request may get).
+* ``config`` (a ``SchedulerConfig``, a dataclass): ``max_num_seqs`` (the seats),
+  ``max_num_batched_tokens`` (the token budget of one step), ``max_model_len`` (the longest a
+  request may get), ``enable_chunked_prefill`` (always ``False`` for this scheduler: chunking is
+  exercise 03's) and ``policy`` (always ``"fcfs"``, first come first served, here; the priority
+  policy is notebook 09's). Build one yourself with
+  ``SchedulerConfig(max_num_seqs=..., max_num_batched_tokens=..., max_model_len=...,
+  enable_chunked_prefill=False)``; without chunking it refuses a budget below ``max_model_len``.
 * ``kv``, the KV cache manager, to be used through its protocol only
   (``KVCacheManagerInterface``): ``kv.allocate_slots(request, n)`` makes room for the request's
   next ``n`` tokens (those after its ``num_computed_tokens``) and returns its whole block table,
@@ -30,31 +35,36 @@ What you are given
   ``out.add(request, num_computed, num_new, block_ids)`` records that the step computes the
   request's tokens ``num_computed .. num_computed + num_new - 1`` into the blocks of
   ``block_ids``; the step samples a token for the request when those reach its last token.
+  Its ``finished_req_ids`` is the engine's to fill (it replaces whatever a scheduler puts there).
 
 The policy (minivllm's ``Scheduler`` with chunked prefill off). The checks compare every
-step's decisions with minivllm's, so these rules are the specification:
+step's plan, who ends and the blocks in use with minivllm's, so these statements are the
+specification. Each says what must be true of a step, not how to get there:
 
-1. **Budget and seats.** A step computes at most ``max_num_batched_tokens`` tokens. At most
-   ``max_num_seqs`` requests run at any time: a request holds a seat from the step that admits
-   it until it finishes.
-2. **The running first.** Every running request computes its next token, in the order the
-   requests were admitted (the oldest first).
-3. **Then admission, first come, first served.** Waiting requests are admitted in the order
-   they arrived, each with its whole prompt computed in the step that admits it, while a seat
-   is free and the prompt fits in the budget that is left. The first waiting request that does
-   not fit stops admission for the step: nobody behind it is admitted (no overtaking).
-4. **KV room.** Before scheduling ``n`` tokens of a request, get their room from
-   ``kv.allocate_slots(request, n)``. A waiting request that gets ``None`` does not fit (rule
-   3). In this exercise's checks a running request always finds room; what to do when it does
-   not is exercise 03 (raising an error that names the request is a fine answer here).
-5. **Retire.** ``update_from_output(sampled)`` appends each sampled token to its request and
-   applies the stop rules (``check_stop`` with ``config.max_model_len``). A request that is done
-   gets the status ``check_stop`` returned, leaves the scheduler and frees its blocks at once,
-   so that its seat and its memory are free in the next step. The others keep their order.
-6. **End from outside.** ``finish_requests(ids, status)`` ends requests that are waiting or
-   running (an abort, a stop string, a failed row) the same way, with ``status``; ids it does
-   not know (or that already ended) are ignored.
-7. **Statuses.** A waiting request is ``WAITING``, a running one ``RUNNING``.
+1. **Limits.** A plan computes at most ``max_num_batched_tokens`` tokens. A request is running
+   from the step whose plan first includes it until it ends; at most ``max_num_seqs`` requests
+   are running at any time.
+2. **The plan.** Every running request computes its next token in every step. A waiting request
+   computes nothing, or its whole prompt (it is admitted: running from this step on). The plan
+   lists the requests that were running before the step, in the order they were admitted, then
+   the ones it admits, in the order they arrived. (The running ones always fit: every step since
+   its admission has computed a token of each, within the budget.)
+3. **First come, first served.** A step admits as many waiting requests as it can within 1 and
+   4, and never admits a request while one that arrived before it is left waiting.
+4. **KV room.** Every token a plan computes has its room from ``kv.allocate_slots``, which is
+   all or nothing: a request that cannot get room for all the tokens it needs does not fit. A
+   waiting request holds no blocks. In this exercise's checks a running request always finds
+   room; what to do when it does not is exercise 03 (raising an error that names it is fine).
+5. **Ends.** ``update_from_output(sampled)`` appends each sampled token (request id -> token)
+   to its request; a request ends when ``check_stop(token, config.max_model_len)`` returns a
+   status, with that status. A request that has ended holds no blocks and no seat, and is in
+   none of the scheduler's collections, from the moment the call that ended it returns. The
+   others keep their order. It returns the requests it ended, in any order.
+6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running
+   requests among ``ids`` (an abort, a stop string, a failed row) with ``status``, as in 5, and
+   returns them, in any order; other ids (unknown, or ended already) are ignored.
+7. **Statuses.** Between steps every waiting request is ``WAITING``, every running one
+   ``RUNNING``.
 
 What exercise 03 builds on (keep these, whatever else your design has): ``self.config``,
 ``self.kv``; ``self.running``, a list of the running requests in the order they were admitted;
@@ -65,8 +75,8 @@ request id -> request for every request not finished; and ``update_from_output``
 
 One step worked out (the notebook's section 2): budget 16, 4 seats; ``a``, ``b``, ``c`` are
 running (one token each to compute), ``d`` (a 10-token prompt) and ``e`` (2 tokens) wait. The
-plan is ``[('a', 1), ('b', 1), ('c', 1), ('d', 10)]``: the decodes first, then ``d`` fits in the
-13 tokens left and takes the last seat, so ``e`` waits although its 2 tokens would fit the
+plan is ``[('a', 1), ('b', 1), ('c', 1), ('d', 10)]``: ``d``'s prompt fits the 13 tokens the
+decodes leave and takes the last seat, so ``e`` waits although its 2 tokens would fit the
 budget. All four sample a token in this step (``d`` its first).
 """
 
@@ -84,7 +94,7 @@ NOTEBOOK = "notebooks/02_continuous_batching.ipynb"
 
 
 class ContinuousScheduler:
-    """Continuous batching with whole prompts, first come first served (the rules above)."""
+    """Continuous batching with whole prompts, first come first served (the policy above)."""
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManagerInterface):
         """Keep ``config`` and ``kv`` and start with empty queues (``waiting``, ``running``,
@@ -97,8 +107,8 @@ class ContinuousScheduler:
         raise NotImplementedError("ex02 ContinuousScheduler.num_waiting: How many requests wait to be admitted. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def add_request(self, request: Request) -> None:
-        """Queue a new request behind every request queued before it (rule 7: it is waiting)."""
-        raise NotImplementedError("ex02 ContinuousScheduler.add_request: Queue a new request behind every request queued before it (rule 7: it is waiting). Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
+        """Queue a new request behind every request queued before it (policy 7: it is waiting)."""
+        raise NotImplementedError("ex02 ContinuousScheduler.add_request: Queue a new request behind every request queued before it (policy 7: it is waiting). Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running."""
@@ -109,16 +119,16 @@ class ContinuousScheduler:
         raise NotImplementedError("ex02 ContinuousScheduler.live_requests: The requests that hold KV blocks right now (the engine checks the pool against them). Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step under rules 1-4 and return it; every request scheduled has its
+        """Plan one step under policies 1-4 and return it; every request scheduled has its
         ``num_computed_tokens`` advanced by the tokens it computes."""
         raise NotImplementedError("ex02 ContinuousScheduler.schedule: What it must do is in its docstring. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
         """Append each sampled token (request id -> token) to its request, retire the requests
-        that are done (rule 5) and return them."""
+        that are done (policy 5) and return them."""
         raise NotImplementedError("ex02 ContinuousScheduler.update_from_output: What it must do is in its docstring. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
-        """End the waiting or running requests named in ``request_ids`` with ``status`` (rule 6)
+        """End the waiting or running requests named in ``request_ids`` with ``status`` (policy 6)
         and return them."""
-        raise NotImplementedError("ex02 ContinuousScheduler.finish_requests: End the waiting or running requests named in ``request_ids`` with ``status`` (rule 6) and return them. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
+        raise NotImplementedError("ex02 ContinuousScheduler.finish_requests: End the waiting or running requests named in ``request_ids`` with ``status`` (policy 6) and return them. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")

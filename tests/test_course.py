@@ -237,6 +237,11 @@ MUTANTS = [
     # an aborted request that was running stays in the batch
     ("ex02_continuous", "if req in self.running:\n                self.running.remove(req)\n            else:\n"
      "                self.waiting.remove(req)", "if req not in self.running:\n                self.waiting.remove(req)"),
+    # finish_requests ends the requests but does not say which
+    ("ex02_continuous", "            req.status = status\n        return ended", "            req.status = status\n        return []"),
+    # update_from_output returns nobody
+    ("ex02_continuous", "            del self.requests[req.request_id]\n        return finished",
+     "            del self.requests[req.request_id]\n        return []"),
     # ex03: a request still prefilling gets one token per step, as if it were decoding
     ("ex03_chunked_prefill", "num_new = min(req.num_tokens - req.num_computed_tokens, budget)", "num_new = 1"),
     # admission still wants the whole prompt

@@ -5,8 +5,8 @@ from __future__ import annotations
 from minivllm.course.answers import question
 
 
-@question("nb02.head_of_line", "the oldest waiting prompt does not fit the budget left, a later, shorter one "
-          "would: what does schedule() do, and why?")
+@question("nb02.head_of_line", "section 2's step with a 14-token `d`: what does the step compute, how much of "
+          "the budget goes unused, and why accept that rather than let `e` in?")
 def head_of_line() -> str:
     from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.core.scheduler import Scheduler, SchedulerConfig
