@@ -7,8 +7,9 @@ Notebook: notebooks/07_prefix_sharing_cow.ipynb. Check your work with
 (``minivllm/core/interfaces.py``): ``LLM(kv_cache=PrefixCachingKVCacheManager(num_blocks, 16))``
 serves requests that share a prompt prefix from the same physical blocks, and runs ``n > 1``
 sampling and beam search by forking requests copy-on-write. It keeps its blocks in exercise 04's
-``BlockPool`` (``ex04`` below: yours once it passes its checks, the reference until then), and
-relies on nothing else of exercise 04: the pool's rules P1-P5 (front of the free queue out,
+``BlockPool`` (``ex04`` below: yours once it passes its checks; until then the reference stands
+in, so that the other cases grade this file, and the first case stays unfinished), and relies on
+nothing else of exercise 04: the pool's rules P1-P5 (front of the free queue out,
 freed blocks to the back, ``touch`` pulls a free block out of the queue). You write the hash
 chain (``hash_block``, ``block_hashes``) and the manager; the data structures are yours.
 
@@ -31,18 +32,18 @@ H2. ``block_hashes`` hashes the *full* blocks of a token sequence, each chained 
 
 The cache
 C1. A full block is registered under its hash only once the step that writes its last token has
-    run: ``commit_written_blocks`` registers the full blocks of the requests the step's
-    ``allocate_slots`` calls were for; after ``discard_unwritten_blocks`` none of them is. A
-    request freed (preempted) before the commit registers nothing. This holds for every block:
-    a prompt's, a generated one's, a fork's, a copy's.
+    run: ``commit_written_blocks`` registers, for each request the step allocated for, the blocks
+    that became full in this step (their last token was among its new tokens); a block not
+    registered then (C2) never is. After ``discard_unwritten_blocks`` none of the step's blocks
+    is registered. A request freed (preempted) before the commit registers nothing. This holds
+    for every block: a prompt's, a generated one's, a fork's, a copy's.
 C2. One block per hash: a block whose hash is cached already (under another block) is not
     registered. Within one commit, requests register in the order ``allocate_slots`` was called
     for them.
 C3. A cached block stays cached while requests hold it and after they free it, until the pool's
     ``allocate`` hands it out again: then, and only then, its hash is forgotten (evicted). A
     cached block nobody holds is free (it counts in ``num_free_blocks``).
-C4. ``free`` gives a request's blocks back last block first (with P2/P3: its private tail is
-    evicted before the prefix it may share, and the block freed longest ago goes first).
+C4. ``free`` gives a request's blocks back last block first.
 
 Lookup
 L1. ``get_computed_blocks(request)`` returns the longest run of cached blocks matching the
@@ -60,9 +61,10 @@ A2. Copy-on-write: if a block that the ``n`` new tokens land in (positions ``num
     len(hits) * block_size`` to that plus ``n - 1``) is also in another table (``ref_count`` > 1),
     the request first gets a fresh block in its place, drops its reference to the shared one, and
     ``(shared id, fresh id)`` joins the copies ``take_pending_copies()`` hands over, once. No
-    other block is copied.
-A3. All or nothing: if the pool cannot supply the fresh blocks and the copies (a free hit counts
-    as taken), return ``None`` and change nothing at all.
+    other block is copied: the lookahead slots never cause a copy.
+A3. All or nothing: if the pool cannot supply the fresh blocks and the copies, return ``None``
+    and change nothing at all. A hit that is free now leaves the free queue, so it cannot also be
+    one of the fresh blocks.
 
 Forks
 F1. ``fork(parent, child)``: the child (a new request with the parent's tokens and computed
@@ -319,8 +321,10 @@ class PrefixCachingKVCacheManager:
         # END SOLUTION
 
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
-        """Raise ``AssertionError`` naming the first thing wrong: the pool's books against the
-        tables, the cache's entries, a request not in ``live_request_ids`` that holds blocks."""
+        """Raise ``AssertionError`` naming the first thing wrong: a block whose ref count or place
+        in the free queue disagrees with the tables; a cached hash that does not map to a block
+        cached under that same hash (one block per hash); a request not in ``live_request_ids``
+        that holds blocks."""
         # BEGIN SOLUTION
         references = Counter(b for table in self.tables.values() for b in table)
         free = set(self.pool.free_block_ids())

@@ -469,6 +469,22 @@ MUTANTS = [
      "            self.planned.append(request)\n            added = len(hits) * bs + num_new_tokens\n"
      "            request.num_computed_tokens += added\n            self.commit_written_blocks()\n"
      "            request.num_computed_tokens -= added\n        return list(table)"),
+    # ex07: check_invariants that checks nothing
+    ("ex07_prefix_cache", "        references = Counter(b for table", "        return\n        references = Counter(b for table"),
+    # ex07: check_invariants never looks at who holds blocks
+    ("ex07_prefix_cache", "            extra = {rid for rid, table in self.tables.items() if table} - set(live_request_ids)",
+     "            extra = set()"),
+    # ex07: cached_block_ids that reports nothing
+    ("ex07_prefix_cache", "return set(self.hash_of)", "return set()"),
+    # ex07: a failed step's plan kept, so the next commit registers blocks nobody wrote
+    ("ex07_prefix_cache", "        # BEGIN SOLUTION\n        self.planned = []\n        # END SOLUTION",
+     "        # BEGIN SOLUTION\n        pass\n        # END SOLUTION"),
+    # ex07: a freed request's pending copies kept (a copy into a block it no longer holds)
+    ("ex07_prefix_cache", "        if self.pending_copies:\n            mine = set(table)\n", "        if False:\n            mine = set(table)\n"),
+    # ex07: the lookahead slots counted as written (a shared block copied for room only)
+    ("ex07_prefix_cache", "last = min((end - 1) // bs, len(table) - 1)", "last = min((end + num_lookahead_tokens - 1) // bs, len(table) - 1)"),
+    # ex07: every commit registers from block 0 (a block skipped under C2 registered later)
+    ("ex07_prefix_cache", "start = self.num_committed.get(rid, 0)", "start = 0"),
     # ex08: the step's blocks never committed (no prefix hit, with a scheduler that leaves it to the core)
     ("ex08_engine_step", _EX08_COMMIT, ""),
     # ex08: committed before the executor ran (a step that then fails leaves unwritten blocks shared)

@@ -47,7 +47,7 @@ def _names(ids) -> str:
 
 @question("nb07.hits_and_copies", "a 48-token prompt with all three blocks cached: how many tokens come from "
           "the cache? Forked requests share [4, 9] with 20 tokens stored: which block is copied when one writes "
-          "position 20, and which when it writes position 32?")
+          "position 20, and later, once 32 tokens are stored, which when it writes position 32?")
 def hits_and_copies() -> str:
     hit = _tokens_from_cache(48)
     table = [4, 9]

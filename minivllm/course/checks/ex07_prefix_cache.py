@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from minivllm import course
-from minivllm.course.grading import Case, Mismatch, case, expect
+from minivllm.course.grading import Case, Mismatch, case, expect, expect_raises
 from minivllm.course.harness import TraceRequest, beam_search, expect_same_tokens
 from minivllm.course.kv_replay import PROMPTS, KVSetup, compare_with_minivllm, random_kv_trace
 from minivllm.course.runtime import one_cpu_thread
@@ -150,9 +150,49 @@ def _(ex):
     expect(kv.get_computed_blocks(probe)[1], 0, "before the step ran")
     kv.discard_unwritten_blocks()
     expect(kv.get_computed_blocks(probe)[1], 0, "after the step failed")
+    kv.commit_written_blocks()
+    expect(kv.get_computed_blocks(probe)[1], 0, "after the failed step, and then a commit (of no step)")
     b = Request("b", list(range(1, 10)))
     _run_step(kv, b, 9)
     expect(kv.get_computed_blocks(probe)[1], 8, "after a step that ran")
+
+
+@case(CASES, "a block not registered when it became full never is", "commit_written_blocks",
+      "C1, C2: a commit registers only the blocks that became full in its step; a block skipped then "
+      "because another block held its hash stays unregistered, even once that other block is evicted")
+def _(ex):
+    kv = _manager(ex, num_blocks=8)
+    a, b = Request("a", list(range(1, 7))), Request("b", list(range(1, 7)))
+    for r in (a, b):  # one step for both: neither finds a hit, both fill a block 0 of tokens 1-4
+        expect(kv.allocate_slots(r, 6) is not None, True, f"{r.request_id}'s 6 tokens fit in 8 free blocks")
+        r.num_computed_tokens = 6
+    kv.commit_written_blocks()
+    table_a, table_b = kv.get_block_ids("a"), kv.get_block_ids("b")
+    expect(kv.cached_block_ids(), {table_a[0]}, "cached_block_ids(): a's block 0 only (b's has the same hash)")
+    kv.free(a)
+    _admit(kv, Request("filler", list(range(30, 54))))  # 24 tokens: every free block, a's included
+    probe = Request("probe", list(range(1, 9)) + [99])
+    expect(kv.get_computed_blocks(probe)[1], 0, "the prefix of tokens 1-4 after a's block 0 was handed out")
+    b.all_token_ids += [7, 8]  # b fills its block 1 in the next step
+    _run_step(kv, b, 2)
+    expect(kv.cached_block_ids() & set(table_b), {table_b[1]},
+           "b's blocks in cached_block_ids() after b filled its block 1 (its block 0 became full a step before)")
+    expect(kv.get_computed_blocks(probe)[1], 0, "tokens 1-8 looked up: b's block 0 was never registered")
+
+
+@case(CASES, "cached_block_ids: the blocks registered now, held or free", "cached_block_ids",
+      "a block enters at the commit of the step that filled it and leaves when the pool hands it out again")
+def _(ex):
+    kv = _manager(ex, num_blocks=6)
+    expect(kv.cached_block_ids(), set(), "a new manager")
+    a = Request("a", list(range(1, 10)))  # blocks 0, 1 full, 2 partial
+    table, _ = _admit(kv, a)
+    expect(kv.cached_block_ids(), set(table[:2]), "after a's 9 tokens ran")
+    kv.free(a)  # free queue: 3, 4, 5, 2, 1, 0
+    expect(kv.cached_block_ids(), set(table[:2]), "after a ended (its blocks are free, still cached)")
+    b = Request("b", list(range(20, 38)))  # 18 tokens: blocks 3, 4, 5, 2 full, block 1 partial
+    _admit(kv, b)
+    expect(kv.cached_block_ids(), {0, 3, 4, 5, 2}, "after b took 5 blocks, a's block 1 among them")
 
 
 @case(CASES, "hits are shared, not copied; freed cached blocks stay hits", "get_computed_blocks",
@@ -251,8 +291,8 @@ def _(ex):
     child.num_computed_tokens = 6
     kv.fork(parent, child)
     expect((kv.allocate_slots(child, 0), kv.take_pending_copies()), ([0, 1, 2], []), "child plans 0 new tokens")
-    expect((kv.allocate_slots(child, 2), kv.take_pending_copies()), ([0, 3, 2], [(1, 3)]),
-           "child plans positions 6, 7 (block 1 only)")
+    expect((kv.allocate_slots(child, 2, num_lookahead_tokens=4), kv.take_pending_copies()), ([0, 3, 2], [(1, 3)]),
+           "child plans positions 6, 7 (block 1) and 4 lookahead slots (8-11, in shared block 2)")
     expect((kv.allocate_slots(child, 3), kv.take_pending_copies()), ([0, 3, 4], [(2, 4)]),
            "then positions 6, 7, 8 (block 2 is still shared)")
     expect(_refs(kv, range(5)), [2, 1, 1, 1, 1], "ref counts of blocks 0-4")
@@ -271,6 +311,65 @@ def _(ex):
     kv.free(filler)  # free queue: 5, 4, 3, 2 (tail first)
     expect(kv.allocate_slots(child, 1), [0, 5], "child's write once blocks are free")
     expect(kv.take_pending_copies(), [(1, 5)], "pending copies")
+
+
+@case(CASES, "free hits count against the free blocks", "allocate_slots",
+      "A3: a hit nobody holds is one of the free blocks; attaching it takes it out of the free queue, so it "
+      "cannot also be a fresh block. Count such hits before deciding that the request fits")
+def _(ex):
+    kv = _manager(ex, num_blocks=6)
+    a = Request("a", list(range(1, 10)))
+    table_a, _ = _admit(kv, a)
+    kv.free(a)  # a's blocks 0, 1 stay cached, and free
+    filler = Request("filler", list(range(30, 46)))
+    _admit(kv, filler)  # 4 blocks: the only ones left free are a's cached blocks 0 and 1
+    b = Request("b", list(range(1, 9)) + [60, 61, 62])
+    hits, num_hit = kv.get_computed_blocks(b)
+    expect((list(hits), num_hit, kv.num_free_blocks), (table_a[:2], 8, 2), "(b's hits, cached tokens, free blocks)")
+    try:
+        got = kv.allocate_slots(b, 3, hits)
+    except ValueError as err:
+        raise AssertionError(f"allocate_slots(b, 3, its 2 free hits) with 2 free blocks raised ValueError: {err} "
+                             "-- b needs its 2 hits and 1 fresh block, 3 in all; it must return None") from None
+    expect(got, None, "allocate_slots(b, 3, its 2 hits) with only the 2 hits free")
+    expect((kv.get_block_ids("b"), _refs(kv, table_a[:2]), kv.num_free_blocks, kv.take_pending_copies()),
+           ([], [0, 0], 2, []), "(b's table, the hits' ref counts, free blocks, copies) after the refusal")
+    expect(kv.get_computed_blocks(b)[1], 8, "b's cached tokens after the refusal")
+    kv.free(filler)
+    expect(kv.allocate_slots(b, 3, hits), table_a[:2] + [2], "b's table once the filler's blocks are free")
+
+
+@case(CASES, "a request freed with a copy pending takes the copy with it", "free",
+      "F2: a copy into a block the request held must not reach the next forward pass")
+def _(ex):
+    kv, parent, child = _forked(ex)
+    child.all_token_ids.append(11)
+    expect(kv.allocate_slots(child, 1), [0, 2], "child's table after its first write (block 1 copied into 2)")
+    kv.free(child)  # preempted before the step ran
+    expect((kv.take_pending_copies(), _refs(kv, [0, 1, 2]), kv.num_used_blocks), ([], [1, 1, 0], 2),
+           "(pending copies, ref counts of blocks 0-2, blocks in use) after the child was freed")
+
+
+@case(CASES, "check_invariants notices books that disagree with the tables", "check_invariants",
+      "compare every block's ref_count and place in the free queue with the tables; with live_request_ids, "
+      "no other request may hold blocks")
+def _(ex):
+    kv, parent, child = _forked(ex)
+    b = Request("b", list(range(1, 5)) + [40, 41])
+    _admit(kv, b)  # a hit on block 0: three tables list it
+    kv.check_invariants(["p", "p#1", "b"])  # healthy books pass
+    kv.check_invariants()
+    expect_raises(AssertionError, lambda: kv.check_invariants(["p", "b"]), "check_invariants without p#1, which holds blocks")
+    for what, corrupt, undo in (
+        ("a shared block with one reference too many (pool.touch)", lambda: kv.pool.touch([0]),
+         lambda: kv.pool.free([0])),
+        ("a free block taken out of the free queue (pool.touch)", lambda: kv.pool.touch([5]),
+         lambda: kv.pool.free([5])),
+    ):
+        corrupt()
+        expect_raises(AssertionError, kv.check_invariants, f"check_invariants() after {what}")
+        undo()
+    kv.check_invariants(["p", "p#1", "b"])
 
 
 @case(CASES, "freeing one side of a fork leaves the other intact", "fork",
