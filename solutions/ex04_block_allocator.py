@@ -14,14 +14,22 @@ pool's rules are exact:
 P1. A new pool has every block free, queued in id order: 0, 1, 2, ...
 P2. ``allocate(n)`` takes the ``n`` blocks at the front of the free queue and returns their ids in
     queue order, each now with a reference count of 1. If fewer than ``n`` are free it raises
-    ``ValueError`` and takes nothing. ``allocate(0)`` is ``[]``.
+    ``ValueError`` and takes nothing. ``allocate(0)`` is ``[]``; ``allocate(-1)`` is a
+    ``ValueError``.
 P3. ``free(block_ids)`` drops one reference from each block, in the order given; a block whose
     count reaches 0 joins the back of the free queue. Freeing a block that is already free is a
-    bug somewhere else: raise ``ValueError`` naming the block.
+    bug somewhere else: raise ``ValueError`` naming the block. A ``free`` that raises changes
+    nothing, not even for the ids before the bad one: ``free([x, x])`` of a block with one
+    reference raises and leaves ``x`` held.
 P4. ``touch(block_ids)`` adds one reference to each block. A free block it touches leaves the
     free queue; the other free blocks keep their order.
 P5. ``ref_count(block_id)``, ``num_free_blocks`` and ``free_block_ids()`` (the free queue, front
     first) say how things stand.
+P6. An id that is not one of the pool's blocks (an int in ``0 .. num_blocks - 1``) given to
+    ``free``, ``touch`` or ``ref_count`` is a ``ValueError`` naming it, and changes nothing.
+P7. Cost: ``free`` and ``touch`` take O(1) per id they are given and ``allocate(n)`` O(n), however
+    large the pool; none of them may scan the pool or the free queue (the engine calls them
+    every step, for every running request). ``free_block_ids()`` may take O(num_free_blocks).
 
 ``PagedKVCacheManager`` implements minivllm's ``KVCacheManagerInterface`` protocol
 (``minivllm/core/interfaces.py``), so ``LLM(kv_cache=PagedKVCacheManager(num_blocks, 16))``
@@ -35,12 +43,14 @@ M1. After ``allocate_slots(request, n, num_lookahead_tokens=k)`` succeeds, the r
     holds ``max(blocks it held, ceil((request.num_computed_tokens + n + k) / block_size))``
     blocks: it grows by whole blocks, only when the tokens no longer fit, and never shrinks;
     the blocks already in it stay where they are.
-M2. It returns the request's table (``get_block_ids``), or ``None`` when the pool has fewer free
+M2. It returns the request's table (what ``get_block_ids`` returns), or ``None`` when the pool has fewer free
     blocks than the table must grow by -- and then nothing changed: no block taken, no table
     grown, and a request seen for the first time has no table at all.
 M3. With exactly as many free blocks as it needs, it succeeds.
 M4. ``free(request)`` gives every block the request holds back to the pool and forgets its table;
-    a request that holds nothing (never admitted, already freed) is not an error.
+    a request that holds nothing (never admitted, already freed) is not an error. In which order
+    the table's blocks reach ``self.pool.free`` is yours to choose: it is not graded (exercise
+    07 builds its own manager on your pool; it uses your pool's P3, not this ``free``).
 M5. Blocks are taken only with ``self.pool.allocate`` and given back only with ``self.pool.free``
     (``self.pool`` is your ``BlockPool``: the checks read it, and so does notebook 04's block map).
 M6. Which free block a table gets is the pool's business. The checks never compare your block
@@ -48,6 +58,21 @@ M6. Which free block a table gets is the pool's business. The checks never compa
     manager and with minivllm's, and compare what the scheduler did at every step (who ran, how
     many tokens, who was preempted, blocks in use and per request), the tokens generated, and
     the pool's books (P5) against your tables.
+M7. ``get_block_ids(request_id)`` (``[]`` for a request that holds nothing) and
+    ``allocate_slots`` return a list the caller owns: a caller that appends to it or clears it
+    changes nothing in the manager.
+M8. ``check_invariants(live_request_ids=None)`` raises ``AssertionError`` when the books are
+    wrong, and is silent when they are right. It reads the pool through P5 alone (so it judges
+    any pool), and it must notice each of these, naming the block (C1-C3) or the request (C4)
+    in its message:
+
+    C1. a block whose ``ref_count`` is not the number of table entries that list it;
+    C2. a block in the free queue whose count is not 0, or a block with count 0 missing from it;
+    C3. a block listed twice in the free queue;
+    C4. with ``live_request_ids`` given, a request it does not name that holds blocks;
+
+    and a ``num_free_blocks`` that is not the length of ``free_block_ids()``. The engine calls
+    it after every step under ``debug_checks=True``; the checks hand it corrupted books.
 
 A worked example, blocks of 4 tokens in a pool of 6 (free queue ``0 1 2 3 4 5``)::
 
@@ -58,16 +83,16 @@ A worked example, blocks of 4 tokens in a pool of 6 (free queue ``0 1 2 3 4 5``)
     a.num_computed_tokens = 8
     allocate_slots(a, 1)             a: [0, 1, 3]     (position 8 opens logical block 2)
     allocate_slots(c, 13)            None             (4 blocks needed, 2 free: c has no table)
-    free(a)                          free 4 5 + a's blocks, in the order free gives them back
+    free(a)                          free 4 5, then 0 1 3 in the order your free passes them
+                                     to the pool (M4: any order)
 
-What exercise 07 relies on in this file: ``BlockPool`` and rules P1-P5, nothing else. Its prefix
+What exercise 07 relies on in this file: ``BlockPool`` and rules P1-P7, nothing else. Its prefix
 cache keeps freed blocks' contents until the pool hands them out again, so the block freed
 longest ago is overwritten first.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -84,6 +109,8 @@ class BlockPool:
         # BEGIN SOLUTION
         if type(num_blocks) is not int or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        from collections import OrderedDict
+
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
         # A queue that can also drop an entry from its middle in O(1) (touch needs that).
@@ -104,8 +131,10 @@ class BlockPool:
         # END SOLUTION
 
     def ref_count(self, block_id: int) -> int:
-        """How many block tables point at block ``block_id`` (0: it is free)."""
+        """How many block tables point at block ``block_id`` (0: it is free), P5 and P6."""
         # BEGIN SOLUTION
+        if not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):
+            raise ValueError(f"no block {block_id!r} in a pool of {self.num_blocks} blocks")
         return self.ref_counts[block_id]
         # END SOLUTION
 
@@ -130,9 +159,13 @@ class BlockPool:
         """Drop one reference from each block, in order; a block left with none joins the back of
         the free queue (P3)."""
         # BEGIN SOLUTION
-        for block_id in block_ids:
-            if self.ref_counts[block_id] <= 0:
+        ids = list(block_ids)
+        drops: dict[int, int] = {}  # every check before the first change: a raising free changes nothing
+        for block_id in ids:
+            drops[block_id] = drops.get(block_id, 0) + 1
+            if drops[block_id] > self.ref_count(block_id):
                 raise ValueError(f"block {block_id} is already free")
+        for block_id in ids:
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self.free_queue[block_id] = None
@@ -141,7 +174,10 @@ class BlockPool:
     def touch(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block; a free one leaves the free queue (P4)."""
         # BEGIN SOLUTION
-        for block_id in block_ids:
+        ids = list(block_ids)
+        for block_id in ids:
+            self.ref_count(block_id)  # a bad id raises before anything changes
+        for block_id in ids:
             if self.ref_counts[block_id] == 0:
                 del self.free_queue[block_id]
             self.ref_counts[block_id] += 1
@@ -187,7 +223,7 @@ class PagedKVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table, physical block ids of its logical blocks 0, 1, 2, ... (``[]``
-        for a request that holds no block)."""
+        for a request that holds no block), in a list the caller may change (M7)."""
         # BEGIN SOLUTION
         return list(self.tables.get(request_id, ()))
         # END SOLUTION
@@ -238,13 +274,19 @@ class PagedKVCacheManager:
 
     def check_invariants(self, live_request_ids: Iterable[str] | None = None) -> None:
         """Raise ``AssertionError`` naming the first thing wrong when the pool's books disagree
-        with the tables, or when a request not in ``live_request_ids`` holds blocks."""
+        with the tables, or when a request not in ``live_request_ids`` holds blocks (M8)."""
         # BEGIN SOLUTION
+        from collections import Counter
+
         references = Counter(b for table in self.tables.values() for b in table)
         free = self.pool.free_block_ids()
-        assert len(set(free)) == len(free), f"a block is in the free queue twice: {sorted(free)}"
+        queued = Counter(free)
+        for block_id, times in queued.items():
+            assert times == 1, f"block {block_id} is in the free queue {times} times"
+        assert len(free) == self.pool.num_free_blocks, (
+            f"num_free_blocks is {self.pool.num_free_blocks}, but the free queue holds {len(free)} blocks")
         for block_id in range(self.num_blocks):
-            count, in_queue = self.pool.ref_count(block_id), block_id in self.pool.free_queue
+            count, in_queue = self.pool.ref_count(block_id), block_id in queued
             if count != references[block_id] or (count == 0) != in_queue:
                 raise AssertionError(
                     f"block {block_id}: ref count {count}, {references[block_id]} block-table "

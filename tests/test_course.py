@@ -402,7 +402,17 @@ MUTANTS = [
     ("ex04_block_allocator", "self.ref_counts[block_id] -= 1\n            if self.ref_counts[block_id] == 0:",
      "self.ref_counts[block_id] = 0\n            if True:"),
     # ex04: a double free goes unnoticed
-    ("ex04_block_allocator", "            if self.ref_counts[block_id] <= 0:\n                raise ValueError(f\"block {block_id} is already free\")\n", ""),
+    ("ex04_block_allocator", "            if drops[block_id] > self.ref_count(block_id):\n                raise ValueError(f\"block {block_id} is already free\")\n", ""),
+    # ex04: a free that raises half-way keeps the references it dropped before the bad id
+    ("ex04_block_allocator",
+     "            if drops[block_id] > self.ref_count(block_id):\n                raise ValueError(f\"block {block_id} is already free\")\n        for block_id in ids:\n",
+     "        for block_id in ids:\n            if self.ref_count(block_id) <= 0:\n                raise ValueError(f\"block {block_id} is already free\")\n"),
+    # ex04: out-of-range ids not checked (a negative id counts from the end of a list)
+    ("ex04_block_allocator", "        if not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):\n", "        if False:\n"),
+    # ex04: touch checks nothing before its first change (a bad id after a good one leaves it touched)
+    ("ex04_block_allocator", "        for block_id in ids:\n            self.ref_count(block_id)  # a bad id raises before anything changes\n", ""),
+    # ex04: allocate(-1) accepted as allocate(0)
+    ("ex04_block_allocator", "        if n < 0:\n            raise ValueError(f\"cannot allocate a negative number of blocks, got {n}\")\n", ""),
     # ex04: the free list used as a stack (the block freed last is reused first)
     ("ex04_block_allocator", "popitem(last=False)", "popitem()"),
     # ex04: touch leaves a free block in the free queue
@@ -422,6 +432,21 @@ MUTANTS = [
     # ex04: check_invariants never looks at who holds blocks
     ("ex04_block_allocator", "extra = {rid for rid, table in self.tables.items() if table} - set(live_request_ids)",
      "extra = set()"),
+    # ex04: get_block_ids hands out the manager's own table (a caller's append changes it)
+    ("ex04_block_allocator", "return list(self.tables.get(request_id, ()))", "return self.tables.get(request_id, [])"),
+    # ex04: check_invariants compares ref counts only (C2: the free queue is never read against them)
+    ("ex04_block_allocator", "if count != references[block_id] or (count == 0) != in_queue:",
+     "if count != references[block_id]:"),
+    # ex04: check_invariants compares the free queue only (C1: a held block's count is never checked)
+    ("ex04_block_allocator", "if count != references[block_id] or (count == 0) != in_queue:",
+     "if (count == 0) != in_queue:"),
+    # ex04: check_invariants misses a block queued twice (C3)
+    ("ex04_block_allocator", "            assert times == 1, f\"block {block_id} is in the free queue {times} times\"\n", "            pass\n"),
+    # ex04: check_invariants never compares num_free_blocks with the free queue
+    ("ex04_block_allocator", "        assert len(free) == self.pool.num_free_blocks, (\n", "        assert True, (\n"),
+    # ex04: check_invariants raises without saying which block
+    ("ex04_block_allocator", "                    f\"block {block_id}: ref count {count}, {references[block_id]} block-table \"\n",
+     "                    \"the books disagree: ref count \"\n"),
     # ex07: a block hashed on its own tokens, not chained to its parent
     ("ex07_prefix_cache", "return digest((parent_hash, tuple(token_ids), extra_keys))", "return digest((tuple(token_ids), extra_keys))"),
     # ex07: the extra keys (cache_salt) ignored

@@ -11,6 +11,7 @@ written for it; the engine cases compare greedy tokens with minivllm's own engin
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from minivllm.course.grading import Case, Mismatch, case, expect, expect_raises
@@ -95,6 +96,8 @@ def _(ex):
     pool.allocate(3)
     expect_raises(ValueError, lambda: pool.allocate(2), "allocate(2) with 1 free block")
     expect(_books(pool, 4), ([3], [1, 1, 1, 0]), "(free queue, ref counts) after the refused allocate")
+    expect_raises(ValueError, lambda: pool.allocate(-1), "allocate(-1)")
+    expect(_books(pool, 4), ([3], [1, 1, 1, 0]), "(free queue, ref counts) after allocate(-1)")
     expect(pool.allocate(1), [3], "allocate(1) afterwards")
 
 
@@ -122,6 +125,31 @@ def _(ex):
     expect(_books(pool, 3), ([2, 1], [1, 0, 0]), "(free queue, ref counts) after a second free([1])")
     expect_raises(ValueError, lambda: pool.free([1]), "freeing block 1 a third time")
     expect_raises(ValueError, lambda: pool.free([2]), "freeing block 2, which was never allocated")
+
+
+@case(CASES, "a free or touch that raises changes nothing", "BlockPool.free",
+      "P3/P6: check every id (a block of the pool, a reference left to drop for each time it is listed) "
+      "before the first change")
+def _(ex):
+    pool = ex.BlockPool(6)
+    pool.allocate(4)
+    pool.touch([1])  # block 1: two references; 0, 2, 3: one; 4, 5: free
+    before = _books(pool, 6)
+    for what, call in (
+        ("free([0, 2, 2]) (block 2 has one reference)", lambda: pool.free([0, 2, 2])),
+        ("free([3, 1, 1, 1]) (block 1 has two references)", lambda: pool.free([3, 1, 1, 1])),
+        ("free([0, 4]) (block 4 is free)", lambda: pool.free([0, 4])),
+        ("free([0, 6]) in a pool of 6", lambda: pool.free([0, 6])),
+        ("free([0, -1])", lambda: pool.free([0, -1])),
+        ("touch([4, 6]) in a pool of 6", lambda: pool.touch([4, 6])),
+        ("touch([5, -6])", lambda: pool.touch([5, -6])),
+        ("ref_count(6) in a pool of 6", lambda: pool.ref_count(6)),
+        ("ref_count(-1)", lambda: pool.ref_count(-1)),
+    ):
+        expect_raises(ValueError, call, what)
+        expect(_books(pool, 6), before, f"(free queue, ref counts) after the refused {what}")
+    pool.free([1, 1])
+    expect(_books(pool, 6), ([4, 5, 1], [1, 0, 1, 1, 0, 0]), "(free queue, ref counts) after free([1, 1])")
 
 
 @case(CASES, "touch takes a free block out of the middle of the queue", "BlockPool.touch",
@@ -173,12 +201,42 @@ def _(ex):
 def _(ex):
     kv = ex.PagedKVCacheManager(num_blocks=6, block_size=4)
     r = _req("r", 5)
-    expect(len(kv.allocate_slots(r, 5, num_lookahead_tokens=10)), 4, "blocks for 5 tokens + 10 lookahead")
+    expect(len(_table(kv, r, 5, 10)), 4, "blocks for 5 tokens + 10 lookahead")
     r.num_computed_tokens = 5
-    expect(len(kv.allocate_slots(r, 1)), 4, "blocks after the next token (no lookahead)")
+    expect(len(_table(kv, r, 1)), 4, "blocks after the next token (no lookahead)")
     expect(kv.num_free_blocks, 2, "free blocks")
     s = _req("s", 3)
-    expect(len(kv.allocate_slots(s, 0, num_lookahead_tokens=8)), 2, "a new request: 0 tokens + 8 lookahead")
+    expect(len(_table(kv, s, 0, 8)), 2, "a new request: 0 tokens + 8 lookahead")
+
+
+def _table(kv, request: Request, n: int, lookahead: int = 0) -> list[int]:
+    """``allocate_slots`` where the pool has room: ``None`` is reported as the refusal it is."""
+    table = kv.allocate_slots(request, n, num_lookahead_tokens=lookahead)
+    if table is None:
+        raise AssertionError(
+            f"allocate_slots({request.request_id!r}, {n}, num_lookahead_tokens={lookahead}) returned None "
+            f"with {kv.num_free_blocks} free blocks, enough for the table it needs (M1, M3)")
+    return table
+
+
+@case(CASES, "the lists a caller gets are its own", "PagedKVCacheManager.get_block_ids",
+      "M7: a caller that changes the list allocate_slots or get_block_ids returned changes nothing in the manager")
+def _(ex):
+    kv = ex.PagedKVCacheManager(num_blocks=6, block_size=4)
+    a = _req("a", 8)
+    table = _table(kv, a, 8)
+    kept = list(table)
+    table.append(5)
+    kv.get_block_ids("a").clear()
+    kv.get_block_ids("nobody").append(4)
+    expect((kv.get_block_ids("a"), kv.get_block_ids("nobody")), (kept, []),
+           "(a's table, an unknown request's table) after callers changed the lists they were given")
+    a.num_computed_tokens = 8
+    grown = _table(kv, a, 1)
+    expect(grown[:2], kept, "a's table after one more token starts with the blocks it had")
+    grown.clear()
+    expect(kv.num_referenced_blocks, 3, "referenced blocks after a caller cleared the list it got")
+    _healthy(kv, ["a"], "the pool's books")
 
 
 @case(CASES, "refused: nothing changes, and a refused new request leaves no trace",
@@ -200,7 +258,7 @@ def _(ex):
                              "the pool could not admit must leave no trace")
     kv.free(b)  # b never got a table: nothing to give back
     expect(kv.num_free_blocks, 1, "free blocks after free(b) of the refused b")
-    expect(len(kv.allocate_slots(a, 4) or []), 3, "a asks for 4 tokens (exactly the 1 free block)")
+    expect(len(_table(kv, a, 4)), 3, "a asks for 4 tokens (exactly the 1 free block)")
     expect((kv.num_free_blocks, kv.allocate_slots(b, 1)), (0, None), "(free blocks, b asks for 1 token)")
     _healthy(kv, ["a"], "the pool's books after the refusals")
 
@@ -225,26 +283,81 @@ def _(ex):
     _healthy(kv, ["c"], "the pool's books after c took everything and b left")
 
 
-@case(CASES, "check_invariants notices a pool that disagrees with the tables", "PagedKVCacheManager.check_invariants",
-      "compare every block's ref_count with the number of tables that list it, and the free queue with the "
-      "blocks nobody holds; with live_request_ids, no other request may hold blocks")
+class _MisreportingPool:
+    """A pool whose P5 reports a free queue (and count of free blocks) other than its own: books that
+    have gone wrong in a way ``BlockPool``'s own methods cannot produce."""
+
+    def __init__(self, pool, free_ids: list[int], num_free: int | None = None):
+        self._pool, self._free = pool, list(free_ids)
+        self._num_free = len(self._free) if num_free is None else num_free
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._num_free
+
+    def free_block_ids(self) -> list[int]:
+        return list(self._free)
+
+    def __getattr__(self, name: str):
+        return getattr(self._pool, name)
+
+
+def _expect_named(kv, live, what: str, name) -> None:
+    """``kv.check_invariants(live)`` raises ``AssertionError`` and its message names ``name``."""
+    call = "check_invariants()" if live is None else f"check_invariants({live!r})"
+    try:
+        kv.check_invariants(live)
+    except AssertionError as e:
+        if not re.search(rf"(?<![\w]){re.escape(str(name))}(?![\w])", str(e)):
+            raise AssertionError(f"{call} after {what} raised, but its message does not name "
+                                 f"{name!r} (M8): {str(e)!r}") from None
+        return
+    raise AssertionError(f"{call} after {what} raised nothing (M8)")
+
+
+@case(CASES, "check_invariants names what is wrong with corrupted books", "PagedKVCacheManager.check_invariants",
+      "M8: C1-C4 and num_free_blocks, each on books corrupted on purpose; the message names the block "
+      "or the request; healthy books pass")
 def _(ex):
-    kv = ex.PagedKVCacheManager(num_blocks=4, block_size=4)
-    a = _req("a", 5)
-    table = _step(kv, a, 5)
-    kv.check_invariants(["a"])  # a healthy pool passes
-    kv.check_invariants()
-    for what, corrupt, undo in (
-        ("a held block with one reference too many (pool.touch)", lambda: kv.pool.touch([table[0]]),
-         lambda: kv.pool.free([table[0]])),
-        ("a held block back in the free queue (pool.free)", lambda: kv.pool.free([table[1]]),
-         lambda: kv.pool.touch([table[1]])),
+    def manager():
+        kv = ex.PagedKVCacheManager(num_blocks=10, block_size=4)
+        alpha, bravo = _req("alpha", 9), _req("bravo", 13)
+        _step(kv, alpha, 9)  # 3 blocks
+        _step(kv, bravo, 13)  # 4 blocks; 3 stay free
+        return kv, kv.get_block_ids("alpha"), kv.get_block_ids("bravo"), kv.pool.free_block_ids()
+
+    kv, ta, tb, free = manager()
+    kv.check_invariants()  # healthy books pass
+    kv.check_invariants(["alpha", "bravo", "gone"])
+    kv.free(_req("bravo", 13))
+    kv.check_invariants(["alpha"])  # a freed request holds nothing
+    _expect_named(kv, [], "alpha kept its blocks (C4)", "alpha")
+
+    kv, ta, tb, free = manager()
+    _expect_named(kv, ["alpha"], "bravo kept its blocks (C4)", "bravo")
+    kv.pool.touch([tb[1]])
+    _expect_named(kv, None, f"pool.touch([{tb[1]}]) of a held block (C1)", tb[1])
+
+    kv, ta, tb, free = manager()
+    kv.pool.free([ta[2]])
+    _expect_named(kv, None, f"pool.free([{ta[2]}]) of a held block (C1/C2)", ta[2])
+
+    kv, ta, tb, free = manager()
+    orphan = kv.pool.allocate(1)[0]
+    _expect_named(kv, None, f"pool.allocate(1) behind the manager's back (block {orphan}, C1)", orphan)
+
+    for what, reported, name in (
+        (f"a free queue that also lists held block {tb[0]} (C2)", free + [tb[0]], tb[0]),
+        (f"a free queue missing free block {free[1]} (C2)", free[:1] + free[2:], free[1]),
+        (f"a free queue listing block {free[2]} twice (C3)", free + [free[2]], free[2]),
     ):
-        corrupt()
-        expect_raises(AssertionError, kv.check_invariants, f"check_invariants() after {what}")
-        undo()
-    kv.check_invariants(["a"])
-    expect_raises(AssertionError, lambda: kv.check_invariants([]), "check_invariants([]) while a holds blocks")
+        kv, ta, tb, free = manager()
+        kv.pool = _MisreportingPool(kv.pool, reported)
+        _expect_named(kv, None, what, name)
+    kv, ta, tb, free = manager()
+    kv.pool = _MisreportingPool(kv.pool, free, len(free) + 1)
+    expect_raises(AssertionError, kv.check_invariants,
+                  "check_invariants() with num_free_blocks one more than the free queue's length")
 
 
 @case(CASES, "a block size that is not a positive int is refused", "PagedKVCacheManager.__init__",
