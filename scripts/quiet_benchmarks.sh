@@ -79,6 +79,7 @@ declare -A STATUS TAKEN LOAD
 for s in "${STEPS[@]}"; do STATUS[$s]="pending"; TAKEN[$s]=""; LOAD[$s]=""; done
 
 write_summary() {
+    local s
     {
         echo "# Quiet benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo
