@@ -23,23 +23,32 @@ calls it in every attention layer of every step, with
 with slot ``-1`` nowhere), then return ``[T, H, D]`` in the query's dtype: row ``t``, the new
 token at position ``p`` of sequence ``i``, is causal softmax attention of ``query[t]`` over
 positions ``0 .. p`` of sequence ``i``, wherever their K/V lie (earlier steps, a prefix-cache
-hit, earlier in this step). Query head ``h`` reads KV head ``h // (H // KVH)``.
+hit, earlier in this step). Query head ``h`` reads KV head ``h // (H // KVH)``. A padding row's
+output is thrown away and never compared: it may be anything, NaN included.
+
+**Precision.** The step cases run in float64 and compare with a tolerance of ``1e-9``: compute
+in the inputs' dtype and never down-cast (a softmax in float32 is off by ~1e-7). Up-casting
+half or bfloat16 to float32 for the softmax is fine. The engine cases serve the model in
+float32, the work counts run float32 steps.
 
 **Invariants the checks hold you to.**
 
 1. Only what a sequence owns reaches its rows. Sequence ``i`` owns the first
    ``meta.readable_lens()[i]`` positions of its table (``seq_len`` less its padding rows, whose
    slots are never written). Every other slot may hold anything, NaN and inf included: the rest
-   of a last block, blocks past a sequence's table, other sequences' and free blocks, the
-   positions of padding rows. A score masked to ``-inf`` is not enough when the value it masks
-   still gets multiplied: ``0 * NaN`` is NaN.
+   of a last block, blocks past a sequence's table (the table's padding entries are 0, and block
+   0 may belong to nobody), other sequences' and free blocks, the positions of padding rows.
+   A score masked to ``-inf`` is not enough when the value it masks still gets multiplied:
+   ``0 * NaN`` is NaN.
 2. Decode rows are computed together: the PyTorch operations one call runs do not grow with the
-   number of decode rows (a loop over sequences runs its operations once per sequence).
-   Sequences with several new tokens (prompts, chunks) may be handled one at a time.
-3. The work follows each row's own context: a call does at most twice the multiply-adds its rows
-   need, ``sum over sequences of 2 * H * D * query_len * (seq_len rounded up to whole blocks)``
-   (scores, then the weighted sum of values). A prompt in the step must not stretch the decodes,
-   nor one long decode the short ones. Compute scores and weighted sums with matrix products
+   number of decode rows of similar length (a loop over sequences runs its operations once per
+   sequence; a handful of groups by length is fine). Sequences with several new tokens
+   (prompts, chunks) may be handled one at a time.
+3. The work follows each row's own context. The multiply-adds a step's rows need are
+   ``needed = sum over sequences of 2 * H * D * query_len * seq_len``, ``seq_len`` rounded up to
+   whole blocks (the 2: one product for the scores, one for the weighted sum of values); a call
+   does at most ``2 * needed``. A prompt in the step must not stretch the decodes, nor one long
+   decode the short ones. Compute scores and weighted sums with matrix products
    (``@``, ``matmul``, ``einsum``, ``bmm``) or ``scaled_dot_product_attention``: the checks count
    those (``minivllm/course/work.py``).
 4. Grouped-query attention without copies: K and V are never repeated once per query head

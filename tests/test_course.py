@@ -354,6 +354,15 @@ MUTANTS = [
      "            scores = scores.masked_fill(~owned[:, None, None, :], float(\"-inf\"))\n", ""),
     # ex05: positions past a decode's end read as they are, masked only: 0 * NaN reaches the row
     ("ex05_paged_attention_ref", "            pos = torch.where(owned, pos, 0)\n", ""),
+    # ex05: positions past a decode's end sent to global slot 0, masked: NaN wherever block 0 is
+    # nobody's (the table's padding entries point there too)
+    ("ex05_paged_attention_ref",
+     "            pos = torch.where(owned, pos, 0)\n"
+     "            slots = tables[index[:, None], pos // block_size] * block_size + pos % block_size\n",
+     "            slots = tables[index[:, None], pos // block_size] * block_size + pos % block_size\n"
+     "            slots = torch.where(owned, slots, 0)\n"),
+    # ex05: the softmax in float32 (right to ~1e-7, not to the float64 tolerance)
+    ("ex05_paged_attention_ref", "scores.softmax(dim=-1), v)", "scores.float().softmax(dim=-1).to(v.dtype), v)"),
     # ex05: grouped-query heads interleaved (head h reads KV head h % KVH, as .repeat would tile)
     ("ex05_paged_attention_ref", "q = query[rows].view(len(seqs), num_kv_heads, group, head_dim)",
      "q = query[rows].view(len(seqs), group, num_kv_heads, head_dim).transpose(1, 2)"),
