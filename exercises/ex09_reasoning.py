@@ -78,10 +78,12 @@ class ChatFirstPolicy:
     * ``may_preempt(incoming, victim) -> bool``: a waiting request that does not fit asks
       whether it may take the place of the victim your ``choose_victim`` named.
 
-    **What a policy may read:** ``request.priority`` (set by the client, 0 unless it says;
-    lower is more important), ``request.arrival_time``, ``request.sampling_params``
-    (``max_tokens`` is the most the request may generate; ``None`` means no limit),
-    ``request.num_prompt_tokens``, ``request.num_computed_tokens``, ``request.request_id``.
+    **What a policy may read** (the checks pass views that have nothing else):
+    ``request.priority`` (set by the client, 0 unless it says; lower is more important),
+    ``request.arrival_time``, ``request.sampling_params`` (``max_tokens`` is the client's
+    budget, the most the request may generate, not its length: the answer may end well before
+    it; ``None`` means no limit), ``request.num_prompt_tokens``,
+    ``request.num_computed_tokens``. Requests are compared by identity (``is``).
 
     **Rules:**
 

@@ -86,10 +86,12 @@ class ChatFirstPolicy:
     * ``may_preempt(incoming, victim) -> bool``: a waiting request that does not fit asks
       whether it may take the place of the victim your ``choose_victim`` named.
 
-    **What a policy may read:** ``request.priority`` (set by the client, 0 unless it says;
-    lower is more important), ``request.arrival_time``, ``request.sampling_params``
-    (``max_tokens`` is the most the request may generate; ``None`` means no limit),
-    ``request.num_prompt_tokens``, ``request.num_computed_tokens``, ``request.request_id``.
+    **What a policy may read** (the checks pass views that have nothing else):
+    ``request.priority`` (set by the client, 0 unless it says; lower is more important),
+    ``request.arrival_time``, ``request.sampling_params`` (``max_tokens`` is the client's
+    budget, the most the request may generate, not its length: the answer may end well before
+    it; ``None`` means no limit), ``request.num_prompt_tokens``,
+    ``request.num_computed_tokens``. Requests are compared by identity (``is``).
 
     **Rules:**
 
@@ -114,7 +116,7 @@ class ChatFirstPolicy:
         # (priority, long, arrival): the client's priority first, then chat before reasoning,
         # then first come first served. max_tokens tells them apart: it is known on arrival and
         # bounds both the KV memory a request can grow to and how long it holds a seat. Chat
-        # answers are clipped at 2,048 tokens in minivllm.workloads; reasoning chains run to 30k.
+        # clients ask for at most 2,048 tokens; reasoning clients for tens of thousands.
         max_tokens = request.sampling_params.max_tokens
         long = max_tokens is None or max_tokens > 2048
         return (request.priority, int(long), request.arrival_time)

@@ -615,6 +615,13 @@ MUTANTS = [
     ("ex09_reasoning", "return max(running, key=self.waiting_key)", "return min(running, key=self.waiting_key)"),
     ("ex09_reasoning", "return max(running, key=self.waiting_key)",
      "running.sort(key=self.waiting_key)\n        return running[-1]"),
+    # chat told by its request id (a policy sees none), or by a budget line that chat crosses
+    ("ex09_reasoning", "long = max_tokens is None or max_tokens > 2048",
+     "long = not request.request_id.startswith('chat')"),
+    ("ex09_reasoning", "long = max_tokens is None or max_tokens > 2048",
+     "long = max_tokens is None or max_tokens > 512"),
+    # no push-outs at all: chat waits for a chain to grow or finish
+    ("ex09_reasoning", "return self.waiting_key(incoming)[:2] < self.waiting_key(victim)[:2]", "return False"),
     # push-outs both ways (thrashing), or up the priorities
     ("ex09_reasoning", "return self.waiting_key(incoming)[:2] < self.waiting_key(victim)[:2]", "return True"),
     ("ex09_reasoning", "return self.waiting_key(incoming)[:2] < self.waiting_key(victim)[:2]",
