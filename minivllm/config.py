@@ -25,6 +25,7 @@ from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface
 from minivllm.core.policies import make_policy
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.math_utils import cdiv
+from minivllm.spec_decode.config import SpeculativeConfig
 
 SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
@@ -48,6 +49,10 @@ def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
         return
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {name}={value!r} ({type(value).__name__})")
+
+
+def _name(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"<{type(value).__name__}>"
 
 
 def _check_choice(
@@ -90,6 +95,9 @@ class EngineArgs:
     # the engine core (scheduler, KV cache, model) in a process of its own, reached through
     # messages; False: in the caller's process (notebooks, debugging, plug-ins from a notebook)
     engine_core_process: bool = False
+    # speculative decoding: {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
+    # (minivllm/spec_decode/config.py), or its JSON text; None: off
+    speculative_config: Any = None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -122,7 +130,28 @@ class EngineArgs:
                 f"engine_core must be an EngineCore subclass or a factory, got {type(self.engine_core).__name__}"
             )
         make_policy(self.scheduling_policy)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._check_conflicts()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        """Speculative decoding rolls back rejected drafts through minivllm's own scheduler and
+        paged KV cache manager; a plug-in or a baseline has no such rollback."""
+        spec = self.speculative_config
+        if spec is None:
+            return
+        if self.scheduler != "continuous" or self.kv_cache != "paged":
+            raise ValueError(
+                f"speculative_config needs scheduler='continuous' and kv_cache='paged' (minivllm's own, "
+                f"which roll back rejected drafts), got scheduler={_name(self.scheduler)}, "
+                f"kv_cache={_name(self.kv_cache)}"
+            )
+        k = spec.num_speculative_tokens
+        if self.max_num_batched_tokens is not None and k >= self.max_num_batched_tokens:
+            raise ValueError(
+                f"num_speculative_tokens={k} drafts plus the token they follow do not fit in "
+                f"max_num_batched_tokens={self.max_num_batched_tokens}"
+            )
 
     def _check_conflicts(self) -> None:
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
@@ -160,13 +189,22 @@ class EngineArgs:
         return max(DEFAULT_TOKEN_BUDGET, max_model_len)
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        spec = self.speculative_config
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.token_budget(max_model_len),
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0,
         )
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """Slots a request reserves past its tokens (a draft model's own K/V; see
+        ``SpeculativeConfig.num_lookahead_tokens``)."""
+        return self.speculative_config.num_lookahead_tokens if self.speculative_config else 0
 
 
 # --- limits the engine and the simulator derive the same way -----------------------------------
@@ -198,19 +236,22 @@ def resolve_num_kv_blocks(
         memory = args.kv_cache_memory or default_memory()
         num_blocks = int(memory // bytes_per_block)
         source = f"{memory / 2**30:.2f} GiB at {bytes_per_block:.0f} bytes per block"
-    check_kv_pool(num_blocks, args.block_size, max_model_len, source)
+    check_kv_pool(num_blocks, args.block_size, max_model_len, source, args.num_lookahead_tokens)
     return num_blocks
 
 
-def check_kv_pool(num_blocks: int, block_size: int, max_model_len: int, source: str = "") -> None:
-    """A KV pool must hold one sequence of ``max_model_len`` tokens, or a request could never
-    run to its length limit."""
-    needed = cdiv(max_model_len, block_size)
+def check_kv_pool(
+    num_blocks: int, block_size: int, max_model_len: int, source: str = "", num_lookahead_tokens: int = 0
+) -> None:
+    """A KV pool must hold one sequence of ``max_model_len`` tokens (and the lookahead slots a
+    draft model reserves past them), or a request could never run to its length limit."""
+    needed = cdiv(max_model_len + num_lookahead_tokens, block_size)
     if num_blocks < needed:
         origin = f" (from {source})" if source else ""
+        extra = f" plus {num_lookahead_tokens} lookahead slots for the draft model" if num_lookahead_tokens else ""
         raise ValueError(
             f"the KV cache holds {num_blocks} blocks ({num_blocks * block_size} tokens){origin} but one "
-            f"max_model_len={max_model_len} sequence needs {needed} blocks; raise num_kv_blocks / "
+            f"max_model_len={max_model_len} sequence{extra} needs {needed} blocks; raise num_kv_blocks / "
             f"kv_cache_memory or lower max_model_len"
         )
 
@@ -223,7 +264,8 @@ def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[
     manager (``kv_cache=<instance>``, or a scheduler instance that holds one).
     """
     scheduler = _build_scheduler(args, max_model_len, num_blocks)
-    check_kv_pool(scheduler.kv.num_blocks, scheduler.kv.block_size, max_model_len)
+    check_kv_pool(scheduler.kv.num_blocks, scheduler.kv.block_size, max_model_len,
+                  num_lookahead_tokens=args.num_lookahead_tokens)
     return scheduler
 
 

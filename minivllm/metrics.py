@@ -31,6 +31,10 @@ class StepStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_forked_tokens: int = 0  # tokens siblings forked in this step share instead of computing
+    # speculative decoding: draft tokens this step verified, and those the target accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_seqs: int = 0  # sequences that verified at least one draft
 
     @property
     def kv_blocks_saved_by_sharing(self) -> int:
@@ -110,7 +114,8 @@ class EngineStats:
     # --- steps -----------------------------------------------------------------------------
     def record_step(
         self, scheduler, out, start: float, duration: float, *, prefix_cache_queries: int = 0,
-        prefix_cache_hits: int = 0, num_forked_tokens: int = 0,
+        prefix_cache_hits: int = 0, num_forked_tokens: int = 0, num_draft_tokens: int = 0,
+        num_accepted_tokens: int = 0,
     ) -> StepStats:
         """Record what one step did (``out``: its ``SchedulerOutput``), read off the scheduler
         and its KV manager right after the step; the prefix-cache figures come from the engine
@@ -136,6 +141,9 @@ class EngineStats:
             prefix_cache_queries=prefix_cache_queries,
             prefix_cache_hits=prefix_cache_hits,
             num_forked_tokens=num_forked_tokens,
+            num_draft_tokens=num_draft_tokens,
+            num_accepted_tokens=num_accepted_tokens,
+            num_spec_seqs=len(out.spec_token_ids),
         )
         self.add_step(stats)
         return stats
@@ -187,6 +195,22 @@ class EngineStats:
             "prefill_tokens_skipped": self.prefill_tokens_skipped,
             "peak_kv_blocks_used": self._peaks["kv_blocks_used"],
             "peak_kv_blocks_saved_by_sharing": self._peaks["kv_blocks_saved_by_sharing"],
+            "output_tokens_per_step": out_tokens / self.num_steps if self.num_steps else nan,
+            **self.spec_decoding(),
+        }
+
+    def spec_decoding(self) -> dict[str, float]:
+        """Speculative decoding over the run: drafts verified and accepted, the acceptance rate
+        (accepted / verified), and the mean accepted length (tokens a sequence gains from one
+        verification: its accepted drafts plus the token sampled after them)."""
+        t = self._totals
+        drafts, accepted, seqs = t["num_draft_tokens"], t["num_accepted_tokens"], t["num_spec_seqs"]
+        nan = float("nan")
+        return {
+            "spec_draft_tokens": drafts,
+            "spec_accepted_tokens": accepted,
+            "spec_acceptance_rate": accepted / drafts if drafts else nan,
+            "spec_mean_accepted_length": 1 + accepted / seqs if seqs else nan,
         }
 
 
@@ -194,5 +218,5 @@ class EngineStats:
 _STEP_TOTALS = (
     "duration", "num_prefill_tokens", "num_decode_tokens", "num_padding_tokens", "tokens_stored",
     "slots_reserved", "num_preemptions", "num_batched_seqs", "prefix_cache_queries", "prefix_cache_hits",
-    "num_forked_tokens",
+    "num_forked_tokens", "num_draft_tokens", "num_accepted_tokens", "num_spec_seqs",
 )

@@ -63,6 +63,8 @@ class Request:
     finished_time: float | None = None
     # prefix-caching hashes of this request's full blocks (see minivllm.core.block_pool)
     block_hashes: list = field(default_factory=list, repr=False)
+    # speculative decoding: draft tokens proposed for the next step, verified by it
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
     # derived in __post_init__
     all_token_ids: list[int] = field(init=False, repr=False)
     num_prompt_tokens: int = field(init=False)

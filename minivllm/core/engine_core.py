@@ -62,7 +62,9 @@ class StepOutput:
     ``sampled``: request id -> the token appended this step; ``finished``: requests that ended
     in this step (stop token, length, a failed row, a failed step); ``failed``: request id ->
     error message for those that ended with an error; ``logprobs`` / ``prompt_logprobs`` as the
-    executor returned them.
+    executor returned them; ``accepted``: speculative decoding, request id -> the tokens appended
+    before ``sampled[request id]`` this step (accepted drafts), so that a request's new tokens are
+    ``accepted.get(rid, []) + [sampled[rid]]``.
     """
 
     scheduler_output: SchedulerOutput
@@ -73,6 +75,7 @@ class StepOutput:
     failed: dict[str, str] = field(default_factory=dict)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, list] = field(default_factory=dict)
+    accepted: dict[str, list[int]] = field(default_factory=dict)
 
 
 def reports_to_listeners(step: Callable[..., StepOutput]) -> Callable[..., StepOutput]:
@@ -129,6 +132,8 @@ class EngineCore:
         # what the prefix cache and forking saved in the current step (prompt tokens):
         # looked up, found in the cache, shared by forked siblings
         self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
+        # speculative decoding in the current step: drafts verified, drafts accepted
+        self._spec_counts = (0, 0)
         self.kv_write_tracker = None
         if debug_checks:
             from minivllm.core.kv_write_tracker import KVWriteTracker
@@ -276,7 +281,10 @@ class EngineCore:
         tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
         if step_out.failed:
             tokens = {rid: t for rid, t in tokens.items() if rid not in step_out.failed}
-        finished = sched.update_from_output(tokens)
+        if result.accepted_draft_tokens or result.draft_token_ids:
+            finished = self._update_speculative(out, result, tokens, step_out)
+        else:
+            finished = sched.update_from_output(tokens)
         now = self.clock()
         step_out.end_time = now
         step_out.sampled = tokens
@@ -287,6 +295,25 @@ class EngineCore:
         self._record_step(out, start, now)
         self._check_stall(out, finished)
         return step_out
+
+    def _update_speculative(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, tokens: dict[str, int], step_out: StepOutput
+    ) -> list[Request]:
+        """``update_from_output`` for a step that verified drafts: the scheduler appends each
+        request's accepted drafts before its sampled token (stopping where a stop rule says), and
+        keeps the drafts proposed for the next step. ``step_out`` then reports the tokens that
+        were really appended: ``accepted[rid]`` and, last, ``sampled[rid]``."""
+        accepted = {rid: a for rid, a in result.accepted_draft_tokens.items() if rid in tokens}
+        by_id = {r.request_id: r for r in out.requests if r.request_id in accepted}
+        before = {rid: req.num_tokens for rid, req in by_id.items()}
+        finished = self.scheduler.update_from_output(tokens, accepted, result.draft_token_ids)
+        for rid, req in by_id.items():
+            appended = req.all_token_ids[before[rid]:]
+            tokens[rid] = appended[-1]
+            step_out.accepted[rid] = appended[:-1]
+        num_drafts = sum(len(out.spec_token_ids.get(rid, ())) for rid in accepted)
+        self._spec_counts = (num_drafts, sum(len(a) for a in accepted.values()))
+        return finished
 
     def _begin_step(self, out: SchedulerOutput) -> None:
         """Complete the plan for the executor (:meth:`_prepare_plan`; siblings that fork off a
@@ -391,8 +418,10 @@ class EngineCore:
         self.stats.record_step(
             self.scheduler, out, start, now - start, prefix_cache_queries=self._prefix_queries,
             prefix_cache_hits=self._prefix_hits, num_forked_tokens=self._forked_tokens,
+            num_draft_tokens=self._spec_counts[0], num_accepted_tokens=self._spec_counts[1],
         )
         self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
+        self._spec_counts = (0, 0)
 
     def _stall_message(self) -> str:
         sched, kv = self.scheduler, self.kv

@@ -181,12 +181,18 @@ class ModelRunnerOutput:
     the very first prompt token, which has no prediction); ``failed``:
     request id -> error message, for requests whose row could not be sampled (non-finite
     logits, say). A failed request gets no token.
+
+    Speculative decoding adds ``accepted_draft_tokens``: request id -> the drafts it verified
+    and accepted this step (possibly none), which come *before* ``sampled[request id]``; and
+    ``draft_token_ids``: request id -> the drafts proposed for its next step.
     """
 
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[Logprobs | None]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    accepted_draft_tokens: dict[str, list[int]] = field(default_factory=dict)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -240,6 +240,23 @@ class KVCacheManager:
         self.block_pool.cache_full_blocks(blocks[start:num_full], hashes[start:num_full])
         self._num_cached_blocks[rid] = num_full
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Keep only the blocks that hold the request's first ``num_tokens`` token slots and
+        return the rest to the pool, last first: after speculative decoding rejected drafts, the
+        blocks taken for them (and lookahead room the next step does not need) go back. Those
+        blocks were never registered in the prefix cache (only blocks full of the request's
+        own tokens are), and a request that shares blocks (after a fork) is left alone."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        keep = cdiv(num_tokens, self.block_size)
+        if not blocks or len(blocks) <= keep or rid in self._forked:
+            return
+        ids = self.req_to_block_ids[rid]
+        tail = blocks[keep:]
+        del blocks[keep:], ids[keep:]
+        self._num_cached_blocks[rid] = min(self._num_cached_blocks.get(rid, 0), keep)
+        self.block_pool.free_blocks(reversed(tail))
+
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first (so its shared prefix is evicted last)."""
         rid = request.request_id

@@ -30,19 +30,25 @@ class KVWriteTracker:
         self._chains: dict[str, list[int]] = {}  # request id -> prefix hash per block index
         self.num_checked_reads = 0
 
-    def _prefix_hash(self, req: Request, block_index: int) -> int:
-        """Hash of the request's tokens before logical block ``block_index`` (and its salt)."""
+    def _prefix_hash(self, req: Request, block_index: int, tokens: list[int]) -> int:
+        """Hash of ``tokens`` (the request's, plus any drafts the step verifies) before logical
+        block ``block_index`` (and its salt). Only blocks of the request's own tokens are
+        remembered: a draft may be rejected."""
         chain = self._chains.get(req.request_id)
         if chain is None:
             chain = self._chains[req.request_id] = [hash(("salt", req.cache_salt))]
-        bs, tokens = self.block_size, req.all_token_ids
-        while len(chain) <= block_index:
+        bs, num_own = self.block_size, len(req.all_token_ids)
+        while len(chain) <= block_index and len(chain) * bs <= num_own:
             j = len(chain) - 1
             chain.append(hash((chain[j], tuple(tokens[j * bs : (j + 1) * bs]))))
-        return chain[block_index]
+        value = chain[min(block_index, len(chain) - 1)]
+        for j in range(len(chain) - 1, block_index):  # blocks that hold drafts
+            value = hash((value, tuple(tokens[j * bs : (j + 1) * bs])))
+        return value
 
-    def identity(self, req: Request, position: int) -> SlotIdentity:
-        return (position, req.all_token_ids[position], self._prefix_hash(req, position // self.block_size))
+    def identity(self, req: Request, position: int, tokens: list[int] | None = None) -> SlotIdentity:
+        tokens = req.all_token_ids if tokens is None else tokens
+        return (position, tokens[position], self._prefix_hash(req, position // self.block_size, tokens))
 
     def check_step(self, out: SchedulerOutput) -> None:
         """Apply the step's copies and writes to the shadow cache, then check all its reads."""
@@ -56,10 +62,14 @@ class KVWriteTracker:
                 else:
                     shadow.pop((dst, off), None)
         written: dict[tuple[int, int], str] = {}
-        for req, start, n, table in zip(out.requests, out.num_computed, out.num_new, out.block_ids, strict=True):
+        spec = out.spec_token_ids
+        step_tokens = [req.all_token_ids + spec[req.request_id] if req.request_id in spec else req.all_token_ids
+                       for req in out.requests]
+        for req, start, n, table, tokens in zip(out.requests, out.num_computed, out.num_new, out.block_ids,
+                                                step_tokens, strict=True):
             for p in range(start, start + n):
                 slot = (table[p // bs], p % bs)
-                ident = self.identity(req, p)
+                ident = self.identity(req, p, tokens)
                 other = written.get(slot)
                 if other is not None and shadow[slot] != ident:
                     raise AssertionError(
@@ -68,13 +78,14 @@ class KVWriteTracker:
                     )
                 shadow[slot] = ident
                 written[slot] = req.request_id
-        for req, start, n, table in zip(out.requests, out.num_computed, out.num_new, out.block_ids, strict=True):
+        for req, start, n, table, tokens in zip(out.requests, out.num_computed, out.num_new, out.block_ids,
+                                                step_tokens, strict=True):
             for p in range(start + n):
                 slot = (table[p // bs], p % bs)
-                if shadow.get(slot) != self.identity(req, p):
+                if shadow.get(slot) != self.identity(req, p, tokens):
                     what = "was never written" if slot not in shadow else f"holds {shadow[slot]}"
                     raise AssertionError(
                         f"request {req.request_id!r} reads position {p} from block {slot[0]} offset "
-                        f"{slot[1]}, which {what}, not its token {req.all_token_ids[p]} there"
+                        f"{slot[1]}, which {what}, not its token {tokens[p]} there"
                     )
             self.num_checked_reads += start + n

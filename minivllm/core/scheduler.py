@@ -43,6 +43,10 @@ class SchedulerConfig:
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     policy: Any = "fcfs"  # a name from SCHEDULING_POLICIES or a SchedulingPolicy object
+    # speculative decoding: a step may verify up to this many drafts per request ...
+    num_speculative_tokens: int = 0
+    # ... and reserves this many slots past them (a draft model's own K/V for the next drafts)
+    num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         make_policy(self.policy)  # a clear error now rather than at the first step
@@ -50,6 +54,12 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.num_speculative_tokens >= self.max_num_batched_tokens:
+            raise ValueError(
+                f"num_speculative_tokens={self.num_speculative_tokens} drafts plus the token they follow "
+                f"do not fit in max_num_batched_tokens={self.max_num_batched_tokens}; lower "
+                f"num_speculative_tokens or raise max_num_batched_tokens"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
@@ -113,18 +123,31 @@ class SchedulerBase:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
 
-    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
+    def update_from_output(
+        self,
+        sampled_token_ids: dict[str, int],
+        accepted_draft_tokens: dict[str, list[int]] | None = None,
+        draft_token_ids: dict[str, list[int]] | None = None,
+    ) -> list[Request]:
         """Append each sampled token, apply stop rules, free finished requests.
 
         ``sampled_token_ids`` maps request id -> token for the requests that sampled this step.
         Returns the requests that finished. (Committing the step's filled blocks to the prefix
         cache is the step loop's: ``EngineCore.step``, or whoever drives a scheduler by hand.)
+
+        Speculative decoding (:class:`Scheduler` only): ``accepted_draft_tokens`` maps a request
+        that verified drafts this step to the drafts it accepted, appended before its sampled
+        token (the stop rules apply to each; tokens after a stop are dropped), and
+        ``draft_token_ids`` to the drafts proposed for its next step.
         """
         max_len = self.config.max_model_len
         requests = self.requests
         finished: list[Request] = []
+        accepted = accepted_draft_tokens or {}
         for rid, token in sampled_token_ids.items():
             req = requests[rid]
+            if accepted and rid in accepted and self._append_accepted(req, accepted[rid], finished):
+                continue  # an accepted draft ended it: the sampled token after it is dropped
             tokens = req.all_token_ids
             tokens.append(token)
             # cheap test first (a stop token, or the length limit); check_stop has the details
@@ -136,12 +159,29 @@ class SchedulerBase:
                         self._remove_waiting({rid})
                     req.status = status
                     finished.append(req)
+        if accepted or draft_token_ids:
+            self._update_speculation(accepted, draft_token_ids or {})
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]
             for r in finished:
                 self._release(r)
         return finished
+
+    def _append_accepted(self, req: Request, tokens: list[int], finished: list[Request]) -> bool:
+        """Append accepted drafts one by one under the stop rules; whether one ended ``req``."""
+        max_len = self.config.max_model_len
+        for token in tokens:
+            req.all_token_ids.append(token)
+            status = req.check_stop(token, max_len)
+            if status is not None:
+                req.status = status
+                finished.append(req)
+                return True
+        return False
+
+    def _update_speculation(self, accepted: dict[str, list[int]], drafts: dict[str, list[int]]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not do speculative decoding")
 
     def _release(self, req: Request) -> None:
         self.kv.free(req)
@@ -203,6 +243,7 @@ class Scheduler(SchedulerBase):
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0  # recompute from scratch when readmitted
+        victim.spec_token_ids = []
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(victim)
@@ -230,6 +271,7 @@ class Scheduler(SchedulerBase):
             out.requests, out.num_new, out.num_computed, out.block_ids, out.sample
         )
         preempted = out.preempted
+        lookahead = self.config.num_lookahead_tokens
         for req in tuple(self.running):  # a snapshot: preemption edits the list
             if preempted and req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step to make room
@@ -244,16 +286,24 @@ class Scheduler(SchedulerBase):
                 if not chunked:
                     continue
                 num_new = budget
-            block_ids = allocate(req, num_new)
+            drafts = req.spec_token_ids
+            if drafts:  # speculative decoding: verify the drafts in the same pass
+                req.spec_token_ids = []
+                drafts = drafts[: budget - num_new] if num_new == 1 else []
+            block_ids = allocate(req, num_new + len(drafts), (), lookahead) if lookahead else allocate(
+                req, num_new + len(drafts))
             if block_ids is None:
-                block_ids, budget = self._make_room(req, num_new, out, budget)
+                block_ids, budget = self._make_room(req, num_new + len(drafts), out, budget)
                 if block_ids is None:
                     continue
             out_reqs.append(req)
-            out_new.append(num_new)
+            out_new.append(num_new + len(drafts))
             out_done.append(computed)
             out_blocks.append(block_ids)
             out_sample.append(computed + num_new == num_tokens)
+            if drafts:
+                out.spec_token_ids[req.request_id] = drafts
+                num_new += len(drafts)
             req.num_computed_tokens = computed + num_new
             budget -= num_new
         return budget
@@ -267,7 +317,9 @@ class Scheduler(SchedulerBase):
             budget += self._preempt(victim, out)
             if victim is req:
                 return None, budget
-            block_ids = self.kv.allocate_slots(req, num_new)
+            lookahead = self.config.num_lookahead_tokens
+            block_ids = (self.kv.allocate_slots(req, num_new, (), lookahead) if lookahead
+                         else self.kv.allocate_slots(req, num_new))
             if block_ids is not None:
                 return block_ids, budget
 
@@ -285,7 +337,8 @@ class Scheduler(SchedulerBase):
                 if not cfg.enable_chunked_prefill:
                     break
                 num_new = budget
-            block_ids = self.kv.allocate_slots(req, num_new, hit_blocks)
+            block_ids = (self.kv.allocate_slots(req, num_new, hit_blocks, cfg.num_lookahead_tokens)
+                         if cfg.num_lookahead_tokens else self.kv.allocate_slots(req, num_new, hit_blocks))
             if block_ids is None:
                 freed = self._preempt_for(req, out, admitted)
                 if freed is None:
@@ -299,6 +352,30 @@ class Scheduler(SchedulerBase):
             out.add(req, num_hit, num_new, block_ids)
             req.num_computed_tokens = num_hit + num_new
             budget -= num_new
+
+    def _update_speculation(self, accepted: dict[str, list[int]], drafts: dict[str, list[int]]) -> None:
+        """After a step that verified drafts: a request's K/V is valid up to its last accepted
+        token, so ``num_computed_tokens`` goes back to there (the rejected drafts' slots are
+        written again later) and the blocks past what its next step needs return to the pool.
+        The drafts proposed for the next step are kept, cut so that the step cannot run past
+        ``max_tokens`` or ``max_model_len`` (k drafts and the token after them)."""
+        requests = self.requests
+        keep = max(1, self.config.num_lookahead_tokens)
+        trim = self.kv.trim
+        for rid in accepted:
+            req = requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            req.num_computed_tokens = len(req.all_token_ids) - 1
+            trim(req, req.num_computed_tokens + keep)
+        max_len = self.config.max_model_len
+        for rid, proposal in drafts.items():
+            req = requests.get(rid)
+            if req is None or req.is_finished or not proposal or req.status is not RequestStatus.RUNNING:
+                continue
+            room = min(req.length_limit, max_len) - len(req.all_token_ids) - 1
+            if room > 0:
+                req.spec_token_ids = proposal[:room]
 
     def fork_request(self, parent: Request, child: Request) -> None:
         """``child`` continues from ``parent``'s tokens (parallel sampling, beam search); call

@@ -86,12 +86,15 @@ class SchedulerOutput:
     ``(src, dst)`` block pairs to copy before the forward pass) and ``forks`` (parallel
     sampling: request id -> child requests forked off it once it samples this step; each child
     draws its own first token from the same logits row) and ``finished_req_ids`` (requests that
-    ended since the previous step, so an executor can drop what it keeps per request).
+    ended since the previous step, so an executor can drop what it keeps per request), and
+    ``spec_token_ids`` (speculative decoding: request id -> the draft tokens its entry verifies;
+    such an entry computes ``1 + len(drafts)`` tokens: its last token, then the drafts, and
+    samples from all of those rows).
     """
 
     __slots__ = (
         "requests", "num_new", "num_computed", "block_ids", "sample", "num_padding", "preempted",
-        "blocks_to_copy", "forks", "finished_req_ids", "_scheduled", "_counts",
+        "blocks_to_copy", "forks", "finished_req_ids", "spec_token_ids", "_scheduled", "_counts",
     )
 
     def __init__(self) -> None:
@@ -105,6 +108,7 @@ class SchedulerOutput:
         self.blocks_to_copy: list[tuple[int, int]] = []
         self.forks: dict[str, list[Request]] = {}
         self.finished_req_ids: set[str] = set()
+        self.spec_token_ids: dict[str, list[int]] = {}
         self._scheduled: list[ScheduledRequest] | None = None
         self._counts: tuple[int, int, int] | None = None  # (entries, prefill, decode) when counted
 
@@ -129,6 +133,7 @@ class SchedulerOutput:
                 num_new = self.num_new.pop(i)
                 del self.requests[i], self.num_computed[i], self.block_ids[i], self.sample[i]
                 self.num_padding.pop(request.request_id, None)
+                self.spec_token_ids.pop(request.request_id, None)
                 self._scheduled = self._counts = None
                 return num_new
         return 0
@@ -138,9 +143,12 @@ class SchedulerOutput:
         counts = self._counts
         if counts is None or counts[0] != len(self.requests):  # entries added since: count again
             decode = 0
+            spec = self.spec_token_ids
             for req, computed, n in zip(self.requests, self.num_computed, self.num_new, strict=True):
                 if n == 1 and computed >= req.num_prompt_tokens:
                     decode += 1
+                elif spec and req.request_id in spec:  # a decode token and the drafts it verifies
+                    decode += n
             counts = self._counts = (len(self.requests), sum(self.num_new) - decode, decode)
         return counts
 
@@ -151,7 +159,8 @@ class SchedulerOutput:
 
     @property
     def num_decode_tokens(self) -> int:
-        """Entries that compute one token past a request's prompt."""
+        """Entries that compute one token past a request's prompt (with the drafts it verifies,
+        under speculative decoding)."""
         return self._token_counts()[2]
 
     @property

@@ -30,6 +30,8 @@ from minivllm.engine.sampler import Sampler
 from minivllm.model.config import ModelConfig
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.model.loader import load_model, resolve_dtype
+from minivllm.spec_decode.decoder import SpeculativeDecoder
+from minivllm.spec_decode.draft_model import DraftModelProposer
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
 SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see set_cpu_threads)
@@ -69,14 +71,43 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
     max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
     kv_dtype = resolve_dtype(args.dtype, device)
     pool = _Pool(args, cfg, device, kv_dtype, max_model_len)
+    draft_model = load_draft_model(args, model) if args.speculative_config is not None else None
+    if draft_model is not None:  # its K/V lives in the same blocks: a block holds both models'
+        itemsize = torch.finfo(kv_dtype).bits // 8
+        pool.bytes_per_block += draft_model.config.kv_bytes_per_token(itemsize) * args.block_size
     scheduler = build_scheduler(args, max_model_len, pool.num_kv_blocks)
     kv = scheduler.kv
     pool.check_memory(kv.num_blocks)
     sampler = Sampler(seed=args.seed)
+    speculative = None
+    if args.speculative_config is not None:
+        draft = None
+        if draft_model is not None:
+            draft = DraftModelProposer(draft_model, kv.num_blocks, kv.block_size, sampler, kv_dtype)
+        speculative = SpeculativeDecoder(args.speculative_config, sampler, max_model_len, draft)
     runner = ModelRunner(model, kv.num_blocks, kv.block_size, sampler,
-                         pad_token_id if pad_token_id is not None else 0, kv_dtype)
+                         pad_token_id if pad_token_id is not None else 0, kv_dtype, speculative)
     core = build_engine_core(args, scheduler, runner, time.perf_counter)
     return BuiltCore(core, model, runner, sampler, max_model_len, kv_dtype)
+
+
+def load_draft_model(args: EngineArgs, target: LlamaFamilyModel) -> LlamaFamilyModel | None:
+    """The draft model of ``speculative_config`` (method ``draft_model``), on the target's
+    device and with its attention backend; it must share the target's vocabulary."""
+    spec = args.speculative_config
+    if spec.method != "draft_model":
+        return None
+    path = Path(spec.model)
+    if not path.is_dir():
+        raise ValueError(f"speculative_config['model']={spec.model!r} is not a checkpoint directory")
+    device = target.lm_head.weight.device
+    draft, _ = load_model(path, dtype=args.dtype, device=str(device), attention_backend=target.attention_backend)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"the draft model {spec.model!r} has vocab_size={draft.config.vocab_size} but the target has "
+            f"{target.config.vocab_size}: a draft model must share the target's tokenizer"
+        )
+    return draft
 
 
 def set_cpu_threads(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> None:

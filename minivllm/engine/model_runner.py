@@ -24,6 +24,7 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.sampler import Sampler, compute_logprobs
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.request import Request
+from minivllm.spec_decode.decoder import SpeculativeDecoder
 
 
 class ModelRunner:
@@ -37,6 +38,7 @@ class ModelRunner:
         sampler: Sampler,
         pad_token_id: int = 0,
         kv_cache_dtype: torch.dtype | None = None,
+        speculative: SpeculativeDecoder | None = None,
     ):
         self.model = model
         self.sampler = sampler
@@ -44,6 +46,7 @@ class ModelRunner:
         self.device = model.lm_head.weight.device
         self.block_size = block_size
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, dtype=kv_cache_dtype)
+        self.speculative = speculative
 
     def prepare_inputs(
         self, out: SchedulerOutput
@@ -55,7 +58,7 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         query_lens, seq_lens, last_rows = [], [], []
-        pads = out.num_padding
+        pads, spec = out.num_padding, out.spec_token_ids
         for req, start, n, ids in zip(out.requests, out.num_computed, out.num_new, out.block_ids, strict=True):
             pad = pads.get(req.request_id, 0) if pads else 0
             if n == 1 and not pad:  # decode: the common case, keep it cheap
@@ -63,7 +66,11 @@ class ModelRunner:
                 positions.append(start)
                 slots.append(ids[start // bs] * bs + start % bs)
             else:
-                input_ids.extend(req.all_token_ids[start : start + n])
+                if spec and req.request_id in spec:  # its last token, then the drafts it verifies
+                    input_ids.append(req.all_token_ids[start])
+                    input_ids.extend(spec[req.request_id])
+                else:
+                    input_ids.extend(req.all_token_ids[start : start + n])
                 positions.extend(range(start, start + n + pad))
                 slots.extend(ids[p // bs] * bs + p % bs for p in range(start, start + n))
                 if pad:
@@ -83,6 +90,8 @@ class ModelRunner:
         real row of each entry)``, or ``None`` for an empty step."""
         if out.blocks_to_copy:
             copy_blocks(self.kv_caches, out.blocks_to_copy)
+            if self.speculative is not None and self.speculative.draft is not None:
+                copy_blocks(self.speculative.draft.kv_caches, out.blocks_to_copy)
         if out.is_empty:
             return None
         input_ids, positions, meta, last_rows = self.prepare_inputs(out)
@@ -93,15 +102,36 @@ class ModelRunner:
         """Run the step; sample a token for every request that samples (and for the siblings
         in ``out.forks``, each from its leader's row with its own settings)."""
         result = ModelRunnerOutput()
+        if self.speculative is not None:
+            self.speculative.begin_step(out)
         forward = self.forward(out)
         if forward is None:
             return result
         hidden, last_rows = forward
         self._prompt_logprobs(out, hidden, result)
-        rows = [row for row, s in zip(last_rows, out.sample, strict=True) if s]
-        if not rows:
-            return result
-        sampling = [r for r, s in zip(out.requests, out.sample, strict=True) if s]
+        spec = out.spec_token_ids
+        rows, sampling, verifying = [], [], []
+        for row, s, req in zip(last_rows, out.sample, out.requests, strict=True):
+            if not s:
+                continue
+            if spec and req.request_id in spec:
+                verifying.append((req, spec[req.request_id], row))
+            else:
+                rows.append(row)
+                sampling.append(req)
+        if rows:
+            self._sample_rows(hidden, rows, sampling, out, result)
+        if verifying:
+            self._verify_drafts(hidden, verifying, result)
+        if self.speculative is not None:
+            emitted = {rid: [*result.accepted_draft_tokens.get(rid, ()), tok] for rid, tok in result.sampled.items()}
+            result.draft_token_ids = self.speculative.propose(out, emitted)
+        return result
+
+    def _sample_rows(self, hidden: torch.Tensor, rows: list[int], sampling: list[Request], out: SchedulerOutput,
+                     result: ModelRunnerOutput) -> None:
+        """One token for each of ``sampling`` from its row (and for the siblings in ``out.forks``,
+        each from its leader's row with its own settings)."""
         logits = self.model.compute_logits(hidden[rows]).float()
         if out.forks:  # parallel sampling: siblings draw from their leader's row
             extra_rows, extra = [], []
@@ -119,7 +149,21 @@ class ModelRunner:
                 result.failed[req.request_id] = failed[i]
             elif req.request_id not in result.failed:  # its prompt logprobs may have failed
                 result.sampled[req.request_id] = tokens[i]
-        return result
+
+    def _verify_drafts(self, hidden: torch.Tensor, verifying: list[tuple[Request, list[int], int]],
+                       result: ModelRunnerOutput) -> None:
+        """Speculative decoding: each entry's last ``k + 1`` rows verify its ``k`` drafts."""
+        rows = [r for _, drafts, last in verifying for r in range(last - len(drafts), last + 1)]
+        entries = [(req, drafts) for req, drafts, _ in verifying]
+        try:
+            logits = self.model.compute_logits(hidden[rows])
+            emitted, failed = self.speculative.verify(logits, entries)
+        except Exception as err:  # noqa: BLE001 - these requests' own failure
+            emitted, failed = {}, {req.request_id: _describe(err) for req, _ in entries}
+        result.failed.update(failed)
+        for rid, tokens in emitted.items():
+            result.sampled[rid] = tokens[-1]
+            result.accepted_draft_tokens[rid] = tokens[:-1]
 
     def _sample(self, logits: torch.Tensor, sampling: list[Request]) -> tuple[list[int], dict[int, str]]:
         """The sampler over ``logits [N, V]``; if it raises, each row alone, so that the error

@@ -1,0 +1,87 @@
+"""``speculative_config``: which drafts to propose, and how many per step. Pure Python, no torch.
+
+The engine argument takes a dict (or its JSON text, as ``minivllm serve --speculative-config``
+passes it), with vLLM's keys::
+
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    {"method": "draft_model", "model": "<checkpoint dir>", "num_speculative_tokens": 4}
+
+``method`` may be left out when ``model`` is given (a draft model is then meant). Every value is
+checked here, when the engine is built, with an error that names it and its limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+METHODS = ("ngram", "draft_model")
+MAX_SPECULATIVE_TOKENS = 32  # more drafts than this are almost never all accepted
+_KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min")
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"speculative_config[{name!r}] must be an integer, got {value!r} ({type(value).__name__})")
+    if not low <= value <= high:
+        raise ValueError(f"speculative_config[{name!r}] must be in [{low}, {high}], got {value}")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """``method``: ``"ngram"`` (prompt lookup: copy what followed the last n tokens the previous
+    time they occurred) or ``"draft_model"`` (a smaller model with the same tokenizer);
+    ``num_speculative_tokens``: drafts proposed per request per step (k); ``model``: the draft
+    model's checkpoint directory; ``prompt_lookup_max`` / ``prompt_lookup_min``: the longest and
+    shortest n-gram the lookup tries, longest first."""
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {self.method!r}")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                raise ValueError("speculative_config with method 'draft_model' needs 'model': a checkpoint directory")
+        elif self.model is not None:
+            raise ValueError(f"speculative_config['model'] is only for method 'draft_model', not {self.method!r}")
+        _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, 64)
+        _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, self.prompt_lookup_max)
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """Slots past the verified tokens that a step must also reserve: a draft model writes
+        its own K/V for the drafts it proposes for the *next* step (positions up to k - 1 past
+        the last token), in the same blocks; n-gram lookup writes nothing."""
+        return self.num_speculative_tokens if self.method == "draft_model" else 0
+
+    @classmethod
+    def parse(cls, value: Any) -> SpeculativeConfig | None:
+        """``None``, a :class:`SpeculativeConfig`, a dict or its JSON text -> a checked config."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"speculative_config is not valid JSON: {err}; got {value!r}") from None
+        if not isinstance(value, dict):
+            raise TypeError(
+                f"speculative_config must be a dict such as {{'method': 'ngram', 'num_speculative_tokens': 4}}, "
+                f"got {value!r} ({type(value).__name__})"
+            )
+        unknown = sorted(set(value) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"unknown speculative_config key(s) {unknown}; valid: {list(_KEYS)}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs 'num_speculative_tokens' (drafts per step, e.g. 4)")
+        kwargs = dict(value)
+        if "method" not in kwargs:
+            kwargs["method"] = "draft_model" if kwargs.get("model") is not None else "ngram"
+        return cls(**kwargs)

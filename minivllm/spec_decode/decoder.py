@@ -1,0 +1,187 @@
+"""The model runner's side of speculative decoding: verify a step's drafts, propose the next.
+
+A request whose entry carries ``k`` drafts (``SchedulerOutput.spec_token_ids``) was fed its last
+token and the drafts, so the forward pass left ``k + 1`` rows of logits for it. :meth:`verify`
+turns them into the target's distributions (the same temperature, top-k, top-p and
+``min_tokens`` rule the sampler applies, row by row) and applies the rejection rule
+(:func:`minivllm.spec_decode.rejection.verify`). :meth:`propose` then drafts each request's next
+step from its tokens as they will be once the scheduler has appended this step's: by n-gram
+lookup or with the draft model.
+
+Which requests speculate: every request that samples, except those that want log-probabilities
+of their tokens (they decode one token per step). The scheduler keeps no drafts for requests
+that share blocks after a fork (``n > 1``, beam search).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.engine.sampler import Sampler, _mix64, unusable_rows
+from minivllm.request import Request
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.draft_model import DraftModelProposer, DraftRequest
+from minivllm.spec_decode.ngram import propose_ngram
+from minivllm.spec_decode.rejection import one_hot_probs, verify
+
+logger = logging.getLogger("minivllm")
+
+
+class SpeculativeDecoder:
+    def __init__(self, config: SpeculativeConfig, sampler: Sampler, max_model_len: int,
+                 draft: DraftModelProposer | None = None):
+        if (config.method == "draft_model") != (draft is not None):
+            raise ValueError(f"speculative method {config.method!r} and draft model {draft!r} do not match")
+        self.config = config
+        self.sampler = sampler
+        self.max_model_len = max_model_len
+        self.draft = draft
+        self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
+
+    @staticmethod
+    def speculates(request: Request) -> bool:
+        return request.sampling_params.logprobs is None
+
+    def begin_step(self, out: SchedulerOutput) -> None:
+        """Forget what ended requests left, and the draft K/V of requests that start over."""
+        for rid in out.finished_req_ids:
+            self._draft_probs.pop(rid, None)
+        if self.draft is not None:  # a preempted request comes back in other blocks
+            self.draft.forget(out.finished_req_ids)
+            self.draft.forget(r.request_id for r in out.preempted)
+            self.draft.forget(r.request_id for r, c in zip(out.requests, out.num_computed, strict=True) if c == 0)
+
+    # --- verification ------------------------------------------------------------------------
+    def target_probs(self, logits: torch.Tensor, entries: list[tuple[Request, list[int]]]) -> torch.Tensor:
+        """``[R, V]``: for each request, the distribution the sampler would draw its next tokens
+        from, one row per position (row ``j`` is output token ``num_output_tokens + j``)."""
+        row_requests: list[Request] = []
+        for req, drafts in entries:
+            row_requests.extend([req] * (len(drafts) + 1))
+        row = 0
+        for req, drafts in entries:  # min_tokens: no stop token before that many outputs
+            params = req.sampling_params
+            if params.min_tokens and req.stop_token_set:
+                stop_ids = list(req.stop_token_set)
+                for j in range(len(drafts) + 1):
+                    if req.num_output_tokens + j < params.min_tokens:
+                        logits[row + j, stop_ids] = float("-inf")
+            row += len(drafts) + 1
+        greedy = torch.tensor([r.sampling_params.greedy for r in row_requests], device=logits.device)
+        probs = one_hot_probs(logits)
+        if not bool(greedy.all()):
+            sampled = (~greedy).nonzero().squeeze(1)
+            sub = [row_requests[i] for i in sampled.tolist()]
+            probs[sampled] = self.sampler.filter_logits(logits[sampled], sub).softmax(dim=-1)
+        return probs
+
+    def random_numbers(self, probs: torch.Tensor, entries) -> tuple[torch.Tensor, torch.Tensor]:
+        """One uniform and one row of ``Exp(1)`` noise per row; a seeded request draws them from
+        its own generator (seeded by its seed and output length), greedy rows need none."""
+        num_rows, vocab = probs.shape
+        uniforms = torch.full((num_rows,), 0.5, device=probs.device)
+        noise = torch.ones_like(probs)
+        row = 0
+        for req, drafts in entries:
+            n, params = len(drafts) + 1, req.sampling_params
+            if not params.greedy:
+                if params.seed is None:
+                    gen = self.sampler._default_generator(probs.device)
+                else:
+                    gen = torch.Generator(device=probs.device)
+                    gen.manual_seed(_mix64(params.seed, req.num_output_tokens))
+                uniforms[row : row + n] = torch.rand(n, generator=gen, device=probs.device)
+                noise[row : row + n].exponential_(generator=gen)
+            row += n
+        return uniforms, noise.clamp_(min=1e-30)
+
+    def verify(self, logits: torch.Tensor, entries: list[tuple[Request, list[int]]]
+               ) -> tuple[dict[str, list[int]], dict[str, str]]:
+        """``logits [R, V]`` (each entry's ``k + 1`` rows in order) -> request id -> the tokens it
+        emits (accepted drafts, then one sampled token), and request id -> why it failed (a row
+        with NaN or inf logits fails its request alone)."""
+        logits = logits.float()
+        failed: dict[str, str] = {}
+        if not bool(torch.isfinite(logits).all()):
+            bad = unusable_rows(logits).tolist()
+            row, kept, keep_rows = 0, [], []
+            for req, drafts in entries:
+                n = len(drafts) + 1
+                if any(bad[row : row + n]):
+                    failed[req.request_id] = "the model produced non-finite logits (NaN or inf) for this request"
+                else:
+                    kept.append((req, drafts))
+                    keep_rows.extend(range(row, row + n))
+                row += n
+            entries = kept
+            logits = logits[torch.tensor(keep_rows, dtype=torch.long, device=logits.device)]
+        if not entries:
+            return {}, failed
+        probs = self.target_probs(logits, entries)
+        draft_probs = self._pending_draft_probs(entries, probs)
+        uniforms, noise = self.random_numbers(probs, entries)
+        emitted = verify(probs, [d for _, d in entries], draft_probs, uniforms, noise)
+        return {req.request_id: toks for (req, _), toks in zip(entries, emitted, strict=True)}, failed
+
+    def _pending_draft_probs(self, entries, probs: torch.Tensor) -> torch.Tensor | None:
+        if self.draft is None:
+            return None
+        q = torch.zeros_like(probs)
+        row = 0
+        for req, drafts in entries:
+            stored = self._draft_probs.pop(req.request_id, None)
+            if stored is None or stored.shape[0] < len(drafts):
+                raise RuntimeError(f"request {req.request_id!r} verifies drafts whose distribution was not kept")
+            q[row : row + len(drafts)] = stored[: len(drafts)]
+            row += len(drafts) + 1
+        return q
+
+    # --- proposals -----------------------------------------------------------------------------
+    def num_drafts(self, request: Request, num_tokens: int) -> int:
+        """Drafts worth proposing for a request that will have ``num_tokens`` tokens: ``k``, cut
+        so that the next step (the drafts and the token after them) stays within ``max_tokens``
+        and ``max_model_len``."""
+        room = min(request.length_limit, self.max_model_len) - num_tokens - 1
+        return max(0, min(self.config.num_speculative_tokens, room))
+
+    def propose(self, out: SchedulerOutput, emitted: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Drafts for the next step of every request in ``emitted`` (request id -> the tokens this
+        step gives it) that speculates. A draft model that fails proposes nothing this step: the
+        requests go on without drafts (drafts only ever change speed, never the output)."""
+        wanted: list[DraftRequest] = []
+        tables = dict(zip((r.request_id for r in out.requests), out.block_ids, strict=True))
+        for req in out.requests:
+            new = emitted.get(req.request_id)
+            if new is None or not self.speculates(req):
+                continue
+            tokens = req.all_token_ids + new
+            k = self.num_drafts(req, len(tokens))
+            if k:
+                wanted.append(DraftRequest(req, tokens, tables[req.request_id], k))
+        if not wanted:
+            return {}
+        if self.draft is None:
+            cfg = self.config
+            proposals = {
+                it.request.request_id: propose_ngram(it.token_ids, it.num_drafts, cfg.prompt_lookup_max,
+                                                     cfg.prompt_lookup_min)
+                for it in wanted
+            }
+            return {rid: d for rid, d in proposals.items() if d}
+        for it in wanted:  # the draft's K/V is right only up to the tokens the request keeps
+            self.draft.rewind(it.request.request_id, len(it.token_ids) - 1)
+        try:
+            result = self.draft.propose(wanted)
+        except Exception as err:  # noqa: BLE001 - drafts are optional; the output is unaffected
+            logger.warning("the draft model failed (%s: %s); no drafts this step", type(err).__name__, err)
+            self.draft.forget([it.request.request_id for it in wanted])
+            return {}
+        proposals = {}
+        for rid, (tokens, q) in result.items():
+            if tokens:
+                proposals[rid] = tokens
+                self._draft_probs[rid] = q
+        return proposals

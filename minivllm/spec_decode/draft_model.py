@@ -1,0 +1,141 @@
+"""Drafts from a smaller model that shares the target's tokenizer.
+
+The draft model keeps its own K/V cache, with the target's block tables: the same block ids,
+the same slots, other tensors (its layers and heads are its own). So the scheduler's one block
+table per request serves both models, and a block the scheduler frees is free for both.
+
+For a request that has ``L`` tokens after a step, proposing ``k`` drafts takes ``k`` passes of the
+draft model, each batched over every request that proposes:
+
+1. the tokens whose draft K/V is missing (the whole prompt the first time; afterwards the one or
+   two tokens the last verification added), ending with token ``L - 1``: its logits give ``d_1``;
+2. ``d_1`` at position ``L``, which gives ``d_2``; and so on up to ``d_k``.
+
+The last pass writes the draft's K/V at position ``L + k - 2``: those lookahead slots are
+reserved by the scheduler (``SpeculativeConfig.num_lookahead_tokens``). K/V written for drafts
+that the target then rejects is simply written again: :meth:`DraftModelProposer.rewind` forgets
+it.
+
+A greedy request takes the draft model's argmax (so ``q`` is one-hot); any other request samples
+its drafts from the draft model's distribution with the request's temperature, top-k and top-p,
+and that distribution ``q`` goes to the rejection rule with them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.engine.sampler import Sampler, _mix64
+from minivllm.model.llama import LlamaFamilyModel
+from minivllm.request import Request
+from minivllm.spec_decode.rejection import one_hot_probs
+
+_DRAFT_STREAM = 0x5DEECE66D  # separates a seeded request's draft draws from its target draws
+
+
+@dataclass
+class DraftRequest:
+    """One request to propose for: its tokens after this step, its block table, how many drafts."""
+
+    request: Request
+    token_ids: list[int]
+    block_ids: list[int]
+    num_drafts: int
+
+
+class DraftModelProposer:
+    def __init__(self, model: LlamaFamilyModel, num_blocks: int, block_size: int, sampler: Sampler,
+                 kv_cache_dtype: torch.dtype | None = None):
+        self.model = model
+        self.block_size = block_size
+        self.sampler = sampler
+        self.device = model.lm_head.weight.device
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, dtype=kv_cache_dtype)
+        self._num_valid: dict[str, int] = {}  # request id -> positions whose draft K/V is right
+
+    def forget(self, request_ids) -> None:
+        """Requests that ended (or start over after a preemption): their draft K/V is gone."""
+        for rid in request_ids:
+            self._num_valid.pop(rid, None)
+
+    def rewind(self, request_id: str, num_tokens: int) -> None:
+        """Only the first ``num_tokens`` positions of the request hold tokens it kept."""
+        valid = self._num_valid.get(request_id)
+        if valid is not None and valid > num_tokens:
+            self._num_valid[request_id] = num_tokens
+
+    @torch.inference_mode()
+    def propose(self, items: list[DraftRequest]) -> dict[str, tuple[list[int], torch.Tensor]]:
+        """Request id -> ``(drafts, q [len(drafts), V])`` for every item."""
+        bs = self.block_size
+        drafts: dict[str, list[int]] = {it.request.request_id: [] for it in items}
+        probs: dict[str, list[torch.Tensor]] = {rid: [] for rid in drafts}
+        active = [it for it in items if it.num_drafts > 0]
+        step = 0
+        while active:
+            query_lens, seq_lens, tables, slots, input_ids, positions = [], [], [], [], [], []
+            for it in active:
+                rid, length = it.request.request_id, len(it.token_ids)
+                if step == 0:
+                    start = min(self._num_valid.get(rid, 0), length - 1)
+                    feed = it.token_ids[start:]
+                else:
+                    start, feed = length + step - 1, [drafts[rid][-1]]
+                input_ids.extend(feed)
+                positions.extend(range(start, start + len(feed)))
+                slots.extend(it.block_ids[p // bs] * bs + p % bs for p in range(start, start + len(feed)))
+                query_lens.append(len(feed))
+                seq_lens.append(start + len(feed))
+                tables.append(it.block_ids)
+            meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, self.device)
+            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+            hidden = self.model(ids_t, pos_t, meta)
+            last = torch.tensor(list(itertools.accumulate(query_lens)), device=self.device) - 1
+            logits = self.model.compute_logits(hidden[last]).float()
+            q = self._distributions(logits, [it.request for it in active], step)
+            tokens = self._draw(q, [it.request for it in active], step).tolist()
+            still = []
+            for i, it in enumerate(active):
+                rid = it.request.request_id
+                drafts[rid].append(tokens[i])
+                probs[rid].append(q[i])
+                self._num_valid[rid] = seq_lens[i]
+                if len(drafts[rid]) < it.num_drafts:
+                    still.append(it)
+            active = still
+            step += 1
+        vocab = self.model.config.vocab_size
+        return {
+            rid: (d, torch.stack(probs[rid]) if d else torch.empty(0, vocab, device=self.device))
+            for rid, d in drafts.items()
+        }
+
+    def _distributions(self, logits: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:
+        """``q`` per row: one-hot at the argmax for greedy requests, else the filtered softmax."""
+        greedy = [r.sampling_params.greedy for r in requests]
+        if all(greedy):
+            return one_hot_probs(logits)
+        q = self.sampler.filter_logits(logits, requests).softmax(dim=-1)
+        if any(greedy):
+            rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
+            q[rows] = one_hot_probs(logits[rows])
+        return q
+
+    def _draw(self, q: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:
+        """One token per row from ``q`` by the exponential race; a seeded request's noise comes
+        from its seed, its output length and the draft position."""
+        noise = torch.empty_like(q)
+        for i, r in enumerate(requests):
+            seed = r.sampling_params.seed
+            if seed is None:
+                noise[i].exponential_(generator=self.sampler._default_generator(q.device))
+            else:
+                gen = torch.Generator(device=q.device)
+                gen.manual_seed(_mix64(seed ^ _DRAFT_STREAM, r.num_output_tokens * 64 + step))
+                noise[i].exponential_(generator=gen)
+        return (q / noise.clamp_(min=1e-30)).argmax(dim=-1)
