@@ -30,6 +30,7 @@ SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
 ATTENTION_BACKENDS = ("auto", "torch", "torch_padded", "triton")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+KV_CACHE_DTYPES = ("auto", "int8")  # "auto": the model's dtype; "int8": minivllm/attention/kv_quant.py
 DEFAULT_TOKEN_BUDGET = 2048
 
 
@@ -90,6 +91,9 @@ class EngineArgs:
     # the engine core (scheduler, KV cache, model) in a process of its own, reached through
     # messages; False: in the caller's process (notebooks, debugging, plug-ins from a notebook)
     engine_core_process: bool = False
+    # the KV cache's number format: "auto" (the model's dtype) or "int8" (codes + a float32
+    # scale per token and KV head; about half the bytes of a 16-bit cache)
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -122,6 +126,13 @@ class EngineArgs:
                 f"engine_core must be an EngineCore subclass or a factory, got {type(self.engine_core).__name__}"
             )
         make_policy(self.scheduling_policy)
+        if not isinstance(self.kv_cache_dtype, str):
+            raise TypeError(
+                f"kv_cache_dtype must be a name, got kv_cache_dtype={self.kv_cache_dtype!r} "
+                f"({type(self.kv_cache_dtype).__name__}); one of {KV_CACHE_DTYPES}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         self._check_conflicts()
 
     def _check_conflicts(self) -> None:
