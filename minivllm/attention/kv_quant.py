@@ -5,10 +5,13 @@ Layout. Each layer keeps one ``torch.int8`` tensor for K and one for V, shaped
 is its ``head_dim`` codes followed by the 4 bytes of a float32 *scale*::
 
     row = [c_0, c_1, ..., c_{head_dim-1}, s_byte0, s_byte1, s_byte2, s_byte3]
-    x_i ~= c_i * s,   s = max_i |x_i| / 127,   c_i = round(x_i / s) clamped to [-127, 127]
+    x_i ~= c_i * s,   s = max_i |x_i| * (1/127),   c_i = round(x_i / s) clamped to [-127, 127]
 
-(symmetric quantisation, round half to even; an all-zero row gets ``s = 0`` and codes 0, so it
-dequantises to exact zeros). Each element is off by at most ``s / 2``.
+(symmetric quantisation in float32, round half to even; an all-zero row gets ``s = 0`` and
+codes 0, so it dequantises to exact zeros). Each element is off by at most ``s / 2`` (plus the
+float32 rounding of ``x_i / s``). The scale is a product by the float32 constant ``1/127`` and the
+code a correctly rounded division, so that the Triton writer, on a GPU too, stores the very
+same bytes as these functions.
 
 Why this shape:
 
@@ -71,9 +74,12 @@ def is_int8_cache(cache: torch.Tensor) -> bool:
     return cache.dtype == torch.int8
 
 
+INV_QMAX = 1.0 / QMAX  # rounded to float32 where it multiplies a float32 tensor
+
+
 def row_scales(x: torch.Tensor) -> torch.Tensor:
-    """``[..., 1]`` float32: ``max |x| / 127`` over the last dimension (0 for an all-zero row)."""
-    return x.float().abs().amax(dim=-1, keepdim=True) / QMAX
+    """``[..., 1]`` float32: ``max |x| * (1/127)`` over the last dimension (0 for an all-zero row)."""
+    return x.float().abs().amax(dim=-1, keepdim=True) * INV_QMAX
 
 
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
