@@ -106,7 +106,8 @@ def split_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``[..., head_dim + 4]`` int8 -> ``[..., head_dim]`` in ``dtype``: ``code * scale`` computed
-    in float32 (exact: a 7-bit code times a 24-bit scale), then rounded to ``dtype``."""
+    in float32 (one rounding of the exact product), then rounded to ``dtype``. The Triton kernels
+    dequantise the same way."""
     codes, scales = split_rows(rows)
     return (codes.float() * scales).to(dtype)
 

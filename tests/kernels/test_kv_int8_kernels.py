@@ -23,7 +23,11 @@ from minivllm.attention.testing import (
     int8_problem,
     make_paged_problem,
 )
-from minivllm.attention.triton_kernels import paged_decode_attention, paged_prefill_attention, reshape_and_cache
+from minivllm.attention.triton_kernels import (
+    paged_decode_attention,
+    paged_prefill_attention,
+    reshape_and_cache,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
