@@ -33,7 +33,7 @@ DRY=0
 case "${1:-}" in
     "") ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option ${1}; use --dry-run or --help" >&2; exit 2 ;;
 esac
 
