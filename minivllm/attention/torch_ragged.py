@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.cache_ops import gather_blocks, gather_slots, owned_slots, store_kv
+from minivllm.attention.kv_quant import as_cached, check_cache_dtype, read_rows
 from minivllm.attention.metadata import AttentionMetadata
 
 
@@ -197,12 +198,13 @@ def decode_attention(
     The ``group = num_heads / num_kv_heads`` query heads that read one KV head are viewed as
     ``group`` query rows of that head: ``[num_decodes, KVH, group, D]`` against keys
     ``[num_decodes, KVH, L, D]``, gathered slot by slot from what each sequence owns.
+    An int8 cache's gathered rows are dequantised to the query's dtype (``kv_quant.read_rows``).
     Returns ``[num_decodes, num_heads, head_dim]``.
     """
     num_decodes, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    k = gather_slots(k_cache, rows.key_slots).to(query.dtype).transpose(1, 2)  # [N, KVH, L, D]
-    v = gather_slots(v_cache, rows.key_slots).to(query.dtype).transpose(1, 2)
+    k = read_rows(gather_slots(k_cache, rows.key_slots), query.dtype).transpose(1, 2)  # [N, KVH, L, D]
+    v = read_rows(gather_slots(v_cache, rows.key_slots), query.dtype).transpose(1, 2)
     q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_bias, scale=scale)
     return out.reshape(num_decodes, num_heads, head_dim)
@@ -220,15 +222,15 @@ def prefill_attention(
     """Causal attention of one sequence's new tokens over its cached context and themselves.
 
     The context comes from the cache; the new tokens' K/V come straight from this step's rows,
-    rounded to the cache's dtype exactly as the cache holds them (so padding rows, which are
-    never stored, still see their own keys). Returns ``[q, num_heads, head_dim]``.
+    rounded exactly as the cache holds them (its float dtype, or int8 codes and a scale), so
+    padding rows, which are never stored, still see their own keys. Returns ``[q, num_heads, head_dim]``.
     """
-    k = key.to(k_cache.dtype).to(query.dtype)
-    v = value.to(v_cache.dtype).to(query.dtype)
+    k = as_cached(key, k_cache, query.dtype)
+    v = as_cached(value, v_cache, query.dtype)
     if rows.context_blocks is not None:
         n = rows.context_len
-        k = torch.cat([gather_blocks(k_cache, rows.context_blocks)[:n].to(query.dtype), k])
-        v = torch.cat([gather_blocks(v_cache, rows.context_blocks)[:n].to(query.dtype), v])
+        k = torch.cat([read_rows(gather_blocks(k_cache, rows.context_blocks)[:n], query.dtype), k])
+        v = torch.cat([read_rows(gather_blocks(v_cache, rows.context_blocks)[:n], query.dtype), v])
     # [1, heads, tokens, D]; enable_gqa lets query head h read KV head h // group without a copy
     out = F.scaled_dot_product_attention(
         query.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -261,9 +263,14 @@ def paged_attention_ragged(
 
 
 class TorchAttentionBackend:
-    """The CPU default: store the new K/V, then ``paged_attention_ragged``."""
+    """The CPU default: store the new K/V, then ``paged_attention_ragged``. Reads float caches
+    and 8-bit ones (``kv_quant.py``)."""
 
     name = "torch"
+
+    def check_kv_cache(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Any block size; a floating-point cache or an int8 one."""
+        check_cache_dtype(self.name, dtype, int8=True)
 
     def forward(
         self,
@@ -283,3 +290,4 @@ class TorchAttentionBackend:
         else:
             store_kv(key[plan.kept_rows], value[plan.kept_rows], k_cache, v_cache, plan.kept_slots)
         return paged_attention_ragged(query, key, value, k_cache, v_cache, plan, scale)
+
