@@ -131,3 +131,23 @@ def test_engine_agrees_with_transformers_in_this_gpus_number_format(prompts):
     name = str(dtype).removeprefix("torch.")
     for backend in ("torch", "triton"):
         compare(engine_scores(backend, name, prompts), want, f"minivllm ({backend}) vs transformers, {name}")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_keeps_the_greedy_tokens(prompts, method, kv_cache_dtype):
+    """The Triton kernels verify drafts (short prefills over a cached context) and run the draft
+    model: greedy tokens equal the same engine's without drafts, in float32, with either cache."""
+    config = ({"method": "ngram", "num_speculative_tokens": 4} if method == "ngram"
+              else {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4})
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    runs = {}
+    for spec in (None, config):
+        llm = LLM(attention_backend="triton", device=DEVICE, dtype="float32", kv_cache_dtype=kv_cache_dtype,
+                  speculative_config=spec, **SETUP)
+        runs[spec is None] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        if spec is not None:
+            summary = llm.stats().summary()
+            print(f"{method}, {kv_cache_dtype} cache on {DEVICE}: acceptance {summary['spec_acceptance_rate']:.3f}, "
+                  f"{summary['output_tokens_per_step']:.2f} tokens per step")
+    assert runs[False] == runs[True]
