@@ -10,7 +10,8 @@ the same round. Two loads:
 
 Per configuration: the acceptance rate (accepted / verified drafts), the mean accepted length
 (tokens a sequence gains per verification: accepted drafts + the token after them), output tokens
-per engine step, and tokens per second. Greedy output is checked to be identical to no
+per engine step, the share of the engine's step time spent proposing drafts, and tokens per
+second. Greedy output is checked to be identical to no
 speculation for every configuration (a mismatch is an error).
 
     python benchmarks/spec_decode.py [--requests 48] [--max-tokens 128] [--rounds 3] [--json out.json]
@@ -46,15 +47,39 @@ def story_prompts(n: int, words: int = 12) -> list[str]:
     return [" ".join(story.split()[:words]) for story in heldout_stories(n)]
 
 
-def run(llm: LLM, prompts: list[str], params: SamplingParams, one_at_a_time: bool) -> tuple[list, float, dict]:
+class ProposalTimer:
+    """Time spent proposing drafts (the draft model's passes, or the n-gram lookup), measured
+    around the model runner's ``SpeculativeDecoder.propose``."""
+
+    def __init__(self, llm: LLM):
+        self.seconds = 0.0
+        decoder = llm.engine._built.runner.speculative
+        if decoder is not None:
+            inner = decoder.propose
+
+            def timed(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self.seconds += time.perf_counter() - start
+
+            decoder.propose = timed
+
+
+def run(llm: LLM, prompts: list[str], params: SamplingParams, one_at_a_time: bool,
+        timer: ProposalTimer) -> tuple[list, float, dict]:
     llm.reset_stats()
+    timer.seconds = 0.0
     start = time.perf_counter()
     if one_at_a_time:
         outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
     else:
         outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - start
-    return [o.outputs[0].token_ids for o in outs], wall, llm.stats().summary()
+    summary = llm.stats().summary()
+    summary["proposal_share"] = timer.seconds / summary["total_time_s"]
+    return [o.outputs[0].token_ids for o in outs], wall, summary
 
 
 def measure(configs: dict = CONFIGS, requests: int = 48, batch1_requests: int = 6, max_tokens: int = 128,
@@ -65,6 +90,7 @@ def measure(configs: dict = CONFIGS, requests: int = 48, batch1_requests: int = 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     engines = {name: LLM(minivllm.TINY_MODEL_DIR, speculative_config=cfg, **engine_args)
                for name, cfg in configs.items()}
+    timers = {name: ProposalTimer(llm) for name, llm in engines.items()}
     for llm in engines.values():  # warm-up
         llm.generate(prompts[:4], params, use_tqdm=False)
     walls = {(name, load): [] for name in engines for load in loads}
@@ -73,7 +99,7 @@ def measure(configs: dict = CONFIGS, requests: int = 48, batch1_requests: int = 
     for _ in range(rounds):
         for load, (batch, one) in loads.items():
             for name, llm in engines.items():
-                tokens, wall, summary = run(llm, batch, params, one)
+                tokens, wall, summary = run(llm, batch, params, one, timers[name])
                 if name == "none":
                     reference[load] = tokens
                 elif tokens != reference[load]:
@@ -84,6 +110,7 @@ def measure(configs: dict = CONFIGS, requests: int = 48, batch1_requests: int = 
                     "acceptance_rate": summary["spec_acceptance_rate"],
                     "mean_accepted_length": summary["spec_mean_accepted_length"],
                     "tokens_per_step": summary["output_tokens_per_step"],
+                    "proposal_share": summary["proposal_share"],
                 }
     for name in engines:
         for load in loads:
@@ -96,14 +123,15 @@ def measure(configs: dict = CONFIGS, requests: int = 48, batch1_requests: int = 
 
 
 def table(figures: dict) -> list[str]:
-    rows = ["| drafts | load | acceptance | mean accepted length | tokens / step | output tok/s | speed-up |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+    rows = ["| drafts | load | acceptance | mean accepted length | tokens / step | proposing (share of step time) "
+            "| output tok/s | speed-up |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, loads in figures.items():
         for load, f in loads.items():
             acc = "—" if f["acceptance_rate"] != f["acceptance_rate"] else f"{f['acceptance_rate']:.1%}"
             length = "—" if f["mean_accepted_length"] != f["mean_accepted_length"] else f"{f['mean_accepted_length']:.2f}"
             rows.append(f"| {name} | {load} | {acc} | {length} | {f['tokens_per_step']:.2f} | "
-                        f"{f['tokens_per_s']:.0f} | {f['speedup']:.2f}x |")
+                        f"{f['proposal_share']:.0%} | {f['tokens_per_s']:.0f} | {f['speedup']:.2f}x |")
     return rows
 
 
