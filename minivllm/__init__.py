@@ -8,9 +8,14 @@ below load their module on first use: ``from minivllm import LLM`` imports the e
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# a much smaller model with the tiny model's tokenizer, a draft for speculative decoding
+# (see docs/tiny_model.md, "The draft model")
+TINY_DRAFT_MODEL_DIR = str(Path(__file__).resolve().parent / "tiny_draft_model")
 
 _LAZY = {
     "LLM": "minivllm.engine.llm",
@@ -25,7 +30,7 @@ _LAZY = {
 
 __all__ = [
     "LLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput",
-    "TINY_MODEL_DIR", "TRITON_MODE",
+    "TINY_MODEL_DIR", "TINY_DRAFT_MODEL_DIR", "TRITON_MODE",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs

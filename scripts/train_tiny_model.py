@@ -20,6 +20,15 @@ Default command (about 15 minutes on a 2-core CPU)::
 Only print greedy samples from an already trained checkpoint::
 
     python scripts/train_tiny_model.py --sample-only --out minivllm/tiny_model
+
+A smaller model that shares the tiny model's tokenizer (a draft for speculative
+decoding): ``--tokenizer-from DIR`` skips step 2 and copies DIR's tokenizer
+files unchanged, so token ids mean the same in both models. The corpus and the
+held-out rows are the same as for the tiny model, so the losses compare
+directly (the exact command is in docs/tiny_model.md, "The draft model")::
+
+    python scripts/train_tiny_model.py --tokenizer-from minivllm/tiny_model \
+        --out minivllm/tiny_draft_model --hidden 64 --layers 2 --heads 2 --kv-heads 1 ...
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,8 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_corpus  # noqa: E402
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
-KEEP_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-              "tokenizer_config.json", "special_tokens_map.json"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+KEEP_FILES = {"config.json", "generation_config.json", "model.safetensors", *TOKENIZER_FILES}
+DEFAULT_VOCAB = 2048
 DEFAULT_PROMPTS = ["Once upon a time", "The little fox", "Tom went to the",
                    "Lily wanted to learn to", "Q: What color is the sky?"]
 
@@ -115,9 +126,38 @@ def train_tokenizer(docs: list[str], vocab_size: int, out: Path):
     return fast
 
 
+def reuse_tokenizer(src: Path, out: Path):
+    """Copy ``src``'s tokenizer files into ``out`` byte for byte and load them.
+
+    The special tokens must sit where ``train_tokenizer`` puts them, since the
+    model config and the row packing rely on ``<pad>``/``<s>``/``</s>`` = 0/1/2.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(src / name, out / name)
+    tok = PreTrainedTokenizerFast.from_pretrained(str(out), local_files_only=True)
+    wanted = {PAD: 0, BOS: 1, EOS: 2}
+    got = {t: tok.convert_tokens_to_ids(t) for t in wanted}
+    if got != wanted or (tok.pad_token, tok.bos_token, tok.eos_token) != (PAD, BOS, EOS):
+        raise ValueError(f"--tokenizer-from {str(src)!r}: special tokens must be {wanted} "
+                         f"(pad, bos, eos), got {got}")
+    return tok
+
+
 # --------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------
+
+
+def corpus_split(n_docs: int, n_heldout: int, seed: int) -> tuple[list[str], list[str]]:
+    """Training documents from ``seed``; held-out ones from ``seed + 10000``, minus any
+    document that also appears word for word in the training set (truly unseen text)."""
+    train_docs = tiny_corpus.generate_corpus(n_docs, seed=seed)
+    held_docs = tiny_corpus.generate_corpus(n_heldout, seed=seed + 10_000)
+    train_set = set(train_docs)
+    return train_docs, [d for d in held_docs if d not in train_set]
 
 
 def encode_docs(tok, docs: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +316,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--docs", type=int, default=70000, help="training documents")
     ap.add_argument("--heldout-docs", type=int, default=1500)
-    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=None,
+                    help=f"tokenizer vocabulary to train (default {DEFAULT_VOCAB}); "
+                         "not allowed with --tokenizer-from")
+    ap.add_argument("--tokenizer-from", type=Path, default=None, metavar="DIR",
+                    help="reuse DIR's tokenizer files (copied unchanged) instead of training "
+                         "a tokenizer; the vocabulary is DIR's")
     ap.add_argument("--hidden", type=int, default=192)
     ap.add_argument("--intermediate", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
@@ -287,7 +332,30 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sample-only", action="store_true", help="only print greedy samples from --out")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--prompt", action="append", help="sample prompt (repeatable)")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.tokenizer_from is not None and args.vocab is not None:
+        ap.error(f"--vocab {args.vocab} cannot be combined with --tokenizer-from: "
+                 "the vocabulary is the reused tokenizer's")
+    src = args.tokenizer_from
+    if src is not None and not args.sample_only:
+        if not src.is_dir():
+            ap.error(f"--tokenizer-from {str(src)!r} is not a directory")
+        missing = [name for name in TOKENIZER_FILES if not (src / name).is_file()]
+        if missing:
+            ap.error(f"--tokenizer-from {str(src)!r} lacks {', '.join(missing)}")
+        if src.resolve() == Path(args.out).resolve():
+            ap.error(f"--tokenizer-from {str(src)!r} is the --out directory, "
+                     "whose files training replaces")
+    if args.vocab is None:
+        args.vocab = DEFAULT_VOCAB
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
+    if args.heads % args.kv_heads:
+        ap.error(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
+    if (args.hidden // args.heads) % 2:
+        ap.error(f"head_dim = --hidden / --heads = {args.hidden // args.heads} is odd; "
+                 "the rotary embedding rotates pairs of channels")
+    return args
 
 
 def main() -> None:
@@ -313,10 +381,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     # 1. corpus ----------------------------------------------------------
-    train_docs = tiny_corpus.generate_corpus(args.docs, seed=args.seed)
-    held_docs = tiny_corpus.generate_corpus(args.heldout_docs, seed=args.seed + 10_000)
-    train_set = set(train_docs)
-    held_docs = [d for d in held_docs if d not in train_set]  # truly unseen text
+    train_docs, held_docs = corpus_split(args.docs, args.heldout_docs, args.seed)
     log(f"corpus: {len(train_docs)} train docs ({sum(map(len, train_docs)) / 1e6:.1f} MB), "
         f"{len(held_docs)} held-out docs")
 
@@ -325,7 +390,11 @@ def main() -> None:
         for p in out.iterdir():
             if p.name in KEEP_FILES:
                 p.unlink()
-    tok = train_tokenizer(train_docs, args.vocab, out)
+    if args.tokenizer_from is not None:
+        tok = reuse_tokenizer(args.tokenizer_from, out)
+        log(f"tokenizer: copied from {args.tokenizer_from}")
+    else:
+        tok = train_tokenizer(train_docs, args.vocab, out)
     stream, starts = encode_docs(tok, train_docs)
     h_stream, h_starts = encode_docs(tok, held_docs)
     log(f"tokenizer: vocab {len(tok)}; train stream {len(stream):,} tokens "

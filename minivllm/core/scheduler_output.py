@@ -27,10 +27,12 @@ class ScheduledRequest:
     """One request's share of a step: compute its tokens ``[num_computed, num_computed + num_new)``.
 
     ``num_padding`` extra rows after them are computed and thrown away (static batching's pads
-    and idle seats). ``sample``: a token is sampled from the last real row.
+    and idle seats). ``sample``: a token is sampled from the last real row. ``draft_token_ids``:
+    speculative decoding, the drafts this entry verifies after its last token (they are among
+    its ``num_new`` tokens).
     """
 
-    __slots__ = ("request", "num_computed", "num_new", "num_padding", "block_ids", "sample")
+    __slots__ = ("request", "num_computed", "num_new", "num_padding", "block_ids", "sample", "draft_token_ids")
 
     def __init__(
         self,
@@ -40,8 +42,10 @@ class ScheduledRequest:
         block_ids: list[int],
         sample: bool,
         num_padding: int = 0,
+        draft_token_ids: list[int] | None = None,
     ):
         self.request = request
+        self.draft_token_ids = draft_token_ids or []
         self.num_computed = num_computed
         self.num_new = num_new
         self.num_padding = num_padding
@@ -54,8 +58,10 @@ class ScheduledRequest:
 
     @property
     def token_ids(self) -> list[int]:
-        """The tokens this step feeds (tokens are only ever appended, so this never changes)."""
-        return self.request.all_token_ids[self.num_computed : self.num_computed + self.num_new]
+        """The tokens this step feeds (tokens are only ever appended, so this never changes);
+        under speculative decoding a decode's last token is followed by the drafts it verifies."""
+        tokens = self.request.all_token_ids[self.num_computed : self.num_computed + self.num_new]
+        return tokens + self.draft_token_ids if self.draft_token_ids else tokens
 
     def __repr__(self) -> str:
         return (
@@ -172,9 +178,10 @@ class SchedulerOutput:
     def scheduled(self) -> list[ScheduledRequest]:
         """One readable :class:`ScheduledRequest` per entry, in batch order."""
         if self._scheduled is None:
-            pad = self.num_padding
+            pad, spec = self.num_padding, self.spec_token_ids
             self._scheduled = [
-                ScheduledRequest(r, c, n, b, s, pad.get(r.request_id, 0) if pad else 0)
+                ScheduledRequest(r, c, n, b, s, pad.get(r.request_id, 0) if pad else 0,
+                                 spec.get(r.request_id) if spec else None)
                 for r, c, n, b, s in zip(
                     self.requests, self.num_computed, self.num_new, self.block_ids, self.sample,
                     strict=True,

@@ -102,6 +102,11 @@ class Simulator:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.gpu_memory_utilization = gpu_memory_utilization
         self.args = args = EngineArgs.from_kwargs(**engine_args)
+        if args.speculative_config is not None:
+            raise ValueError(
+                "the simulator does not model speculative decoding (its cost model prices steps, "
+                "not which drafts a model would accept); pass speculative_config=None"
+            )
         self.max_model_len = resolve_max_model_len(args, self.model.max_position_embeddings)
         self.input_processor = InputProcessor(self.max_model_len, self.model.vocab_size)
         self._activation_reserve = (
