@@ -79,17 +79,17 @@ def settings() -> dict[str, Setting]:
     k, vocab = 3, 4
     p = torch.stack([_dist(gen, vocab, zeros=int(j == 1)) for j in range(k + 2)])
     q = torch.stack([_dist(gen, vocab) for _ in range(k + 2)])
-    out["draft"] = Setting("a draft model, k = 3, 4 tokens (the target rules one out at row 1)", k, p, q)
+    out["draft"] = Setting("draft model, k = 3, 4 tokens, one ruled out at row 1", k, p, q)
     # an overconfident draft: its distributions are sharper versions of distributions of its own
     p = torch.stack([_dist(gen, vocab) for _ in range(k + 2)])
     q = torch.stack([_dist(gen, vocab, sharp=4.0) for _ in range(k + 2)])
-    out["sharp"] = Setting("an overconfident draft model, k = 3", k, p, q)
+    out["sharp"] = Setting("overconfident draft model, k = 3", k, p, q)
     k = 2
     p = torch.stack([_dist(gen, vocab, zeros=int(j == 2)) for j in range(k + 2)])
     guess = tuple(int(torch.argmax(p[j])) if j % 2 == 0 else int(torch.argmin(p[j])) for j in range(k + 2))
     out["ngram"] = Setting("n-gram guesses (draft_probs None), k = 2", k, p, None, guess)
     p = torch.stack([_dist(gen, vocab) for _ in range(2)])
-    out["k0"] = Setting("no drafts (k = 0): one token from row 0", 0, p, None, (0, 0))
+    out["k0"] = Setting("no drafts (k = 0)", 0, p, None, (0, 0))
     return out
 
 
@@ -186,18 +186,18 @@ def _first_two(s: Setting) -> torch.Tensor:
 def _distribution_cases(key: str, hint_first: str, hint_count: str) -> None:
     s = settings()[key]
 
-    @case(CASES, f"{s.name}: the first token is distributed as p_0", "verify_drafts", hint_first)
+    @case(CASES, f"{s.name}: first token ~ p_0", "verify_drafts", hint_first)
     def _(ex):
         expect_distributed(_tally(ex, key).first, s.p[0], "the first emitted token")
 
-    @case(CASES, f"{s.name}: the first two tokens are distributed as p_0 x p_1", "verify_drafts",
+    @case(CASES, f"{s.name}: first two tokens ~ p_0 x p_1", "verify_drafts",
           "the second token is the target's next row's draw whether it is a kept draft, the token after "
           "a rejection (next step) or the token after all drafts; read each from the right row")
     def _(ex):
         expect_distributed(_tally(ex, key).pairs, _first_two(s), "the first two emitted tokens (joint)")
 
     if s.k:
-        @case(CASES, f"{s.name}: drafts kept in a step (mean {sum(j * w for j, w in enumerate(s.accepted_law())):.3f})",
+        @case(CASES, f"{s.name}: drafts kept per step (mean {sum(j * w for j, w in enumerate(s.accepted_law())):.3f})",
               "verify_drafts", hint_count)
         def _(ex):
             counts = _tally(ex, key).accepted
