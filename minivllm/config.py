@@ -31,6 +31,7 @@ SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
 ATTENTION_BACKENDS = ("auto", "torch", "torch_padded", "triton")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+KV_CACHE_DTYPES = ("auto", "int8")  # "auto": the model's dtype; "int8": minivllm/attention/kv_quant.py
 DEFAULT_TOKEN_BUDGET = 2048
 
 
@@ -98,6 +99,9 @@ class EngineArgs:
     # speculative decoding: {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}
     # (minivllm/spec_decode/config.py), or its JSON text; None: off
     speculative_config: Any = None
+    # the KV cache's number format: "auto" (the model's dtype) or "int8" (codes + a float32
+    # scale per token and KV head; about half the bytes of a 16-bit cache)
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -131,6 +135,13 @@ class EngineArgs:
             )
         make_policy(self.scheduling_policy)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if not isinstance(self.kv_cache_dtype, str):
+            raise TypeError(
+                f"kv_cache_dtype must be a name, got kv_cache_dtype={self.kv_cache_dtype!r} "
+                f"({type(self.kv_cache_dtype).__name__}); one of {KV_CACHE_DTYPES}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         self._check_conflicts()
         self._check_speculative()
 

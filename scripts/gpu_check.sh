@@ -13,11 +13,14 @@
 #
 #   env          the GPU, its compute capability, torch / triton / CUDA versions, what is installed
 #   kernels      tests/kernels compiled on the GPU against float64 PyTorch references: float16
-#                and bfloat16 (float16 alone below sm_80), decode, split-KV, prefill, the backends
+#                and bfloat16 (float16 alone below sm_80), decode, split-KV, prefill, the backends,
+#                and the 8-bit KV cache's kernels (test_kv_int8_kernels.py: quantising writer,
+#                int8 decode / split-KV / prefill)
 #   ex06         exercise 06's kernel (the reference solution) compiled, against the same references
 #   engine       the engine against transformers on the GPU (float32: identical greedy tokens; the
 #                GPU's own 16-bit format: next-token distributions), greedy parity of the torch and
-#                triton backends, a NaN-filled KV pool changing no token
+#                triton backends, a NaN-filled KV pool changing no token; the 8-bit KV cache
+#                (kv_cache_dtype="int8", tests/test_kv_int8.py) end to end on the GPU
 #   attn_bench   benchmarks/attention_kernels.py: achieved HBM bandwidth of paged decode (fraction
 #                of peak), the cost of paging (same kernel, contiguous blocks); stored as
 #                $OUT/results/attention_kernels-<gpu>.json (copy it into benchmarks/results/)
@@ -30,7 +33,7 @@ DRY=0
 case "${1:-}" in
     "") ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option ${1}; use --dry-run or --help" >&2; exit 2 ;;
 esac
 
@@ -106,14 +109,14 @@ declare -A LIMIT NEEDS CMD
 LIMIT[env]=20;         NEEDS[env]="gpu"
 LIMIT[kernels]=120;    NEEDS[kernels]="gpu triton pytest hypothesis minivllm"
 LIMIT[ex06]=45;        NEEDS[ex06]="gpu triton pytest hypothesis minivllm"
-LIMIT[engine]=75;      NEEDS[engine]="gpu triton pytest transformers minivllm"
+LIMIT[engine]=80;      NEEDS[engine]="gpu triton pytest transformers minivllm"
 LIMIT[attn_bench]=60;  NEEDS[attn_bench]="gpu triton minivllm"
 LIMIT[throughput]=45;  NEEDS[throughput]="gpu transformers minivllm"
 LIMIT[notebooks]=110;  NEEDS[notebooks]="gpu triton pytest nbval ipykernel matplotlib ipywidgets transformers minivllm"
 CMD[env]="$PY -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p, torch.__version__, torch.version.cuda, triton.__version__)'"
 CMD[kernels]="${PYTEST[*]} tests/kernels --ignore=tests/kernels/test_gpu_compile.py"
 CMD[ex06]="${PYTEST[*]} -m ex06 tests/exercises${EX06_FILTER:+ $EX06_FILTER}"  # its notebook cases (test_cases.py) and its module
-CMD[engine]="${PYTEST[*]} -s tests/test_gpu_device.py tests/test_attention_backends.py"
+CMD[engine]="${PYTEST[*]} -s tests/test_gpu_device.py tests/test_attention_backends.py tests/test_kv_int8.py"
 CMD[attn_bench]="$PY benchmarks/attention_kernels.py --out $OUT/attention_kernels.json --store $OUT/results"
 CMD[throughput]="$PY benchmarks/throughput.py"
 CMD[notebooks]="${PYTEST[*]} --nbval-lax --nbval-current-env notebooks"

@@ -233,3 +233,10 @@ def test_counts_are_checked_before_the_body_becomes_objects():
         api.parse_body(b"[" * 100_000, api.CompletionRequest, 2048)
     with pytest.raises(api.InvalidRequestError, match="the prompt has 5000 tokens"):
         api.parse_body(b'{"prompt": [' + b",".join([b"5"] * 5000) + b"]}", api.CompletionRequest, 2048)
+
+
+def test_speculative_config_is_a_json_flag():
+    args = parse(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}', "--device", "cpu"])
+    engine = EngineArgs.from_kwargs(**engine_args_from(args))
+    assert engine.speculative_config.method == "ngram"
+    assert engine.speculative_config.num_speculative_tokens == 3

@@ -17,6 +17,10 @@ slots the sequence owns (see :class:`AttentionBackend`).
 ``"triton"``       the PagedAttention kernels (``triton_*.py``): the CUDA default
 =================  ==================================================================
 
+A cache is in the model's float format, or 8-bit (``kv_cache_dtype="int8"``): ``torch.int8`` rows
+of ``head_dim`` codes and a float32 scale, ``[num_blocks, block_size, KVH, head_dim + 4]``
+(``kv_quant.py``); ``"torch"`` and ``"triton"`` read it, ``"torch_padded"`` refuses it.
+
 ``testing.py`` builds random paged problems with their float64 answers, for the kernels' tests
 and the course's checks. The package imports nothing from ``minivllm.core`` or the engine.
 """

@@ -1,6 +1,7 @@
 """Reading and writing the paged KV cache in plain PyTorch: token rows in, blocks out, block copies.
 
-Each layer's cache is ``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` lives at
+Each layer's cache is ``[num_blocks, block_size, num_kv_heads, head_dim]`` (or, for an 8-bit cache,
+``head_dim + 4`` int8 bytes per row: codes and a scale, see ``kv_quant.py``); token ``t`` lives at
 slot ``block * block_size + offset``. The PyTorch attention backends and copy-on-write share
 these helpers; the Triton backend has its own writer (``triton_cache.reshape_and_cache``).
 """
@@ -8,6 +9,8 @@ these helpers; the Triton backend has its own writer (``triton_cache.reshape_and
 from __future__ import annotations
 
 import torch
+
+from minivllm.attention.kv_quant import to_cache_rows
 
 
 def write_kv_to_cache(
@@ -36,10 +39,10 @@ def store_kv(
     slots: torch.Tensor,  # [num_tokens] int64, every entry a real slot (no -1)
 ) -> None:
     """Store row ``t`` of ``key``/``value`` at slot ``slots[t]`` (``block * block_size + offset``),
-    cast to the cache's dtype."""
+    cast to the cache's dtype, or quantised for an int8 cache (codes and scale per row)."""
     num_blocks, block_size = k_cache.shape[:2]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = key.to(k_cache.dtype)
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value.to(v_cache.dtype)
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = to_cache_rows(key, k_cache)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = to_cache_rows(value, v_cache)
 
 
 def gather_blocks(
@@ -97,7 +100,8 @@ def copy_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[
     """Copy block ``src`` to block ``dst`` in every layer's K and V cache (copy-on-write).
 
     ``kv_caches``: one ``(k_cache, v_cache)`` per layer, each
-    ``[num_blocks, block_size, num_kv_heads, head_dim]``; ``pairs``: ``(src, dst)`` block ids.
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` (an int8 cache's rows, scales included,
+    are copied whole); ``pairs``: ``(src, dst)`` block ids.
     """
     if not pairs:
         return

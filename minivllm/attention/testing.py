@@ -20,15 +20,21 @@ Two ways to use a problem:
   compare its output with ``expected`` on ``real_rows``, its caches with ``k_cache_after``;
 * a kernel that only reads (paged decode, paged prefill): ``caches(after=True)`` holds every
   sequence's K/V, the new tokens' included.
+
+:func:`int8_problem` turns a problem into the same step over an 8-bit cache (``kv_quant.py``):
+owned slots quantised, every other slot random codes with a NaN (or inf) scale, and the answer
+recomputed from the dequantised K/V.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from minivllm.attention.kv_quant import SCALE_BYTES, quantize_rows, round_trip
 from minivllm.attention.metadata import AttentionMetadata
 
 DEFAULT_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -338,3 +344,58 @@ def assert_cache_matches(got: torch.Tensor, want: torch.Tensor, what: str = "cac
         f"{got[block, offset, 0, :3].tolist()} instead of {want[block, offset, 0, :3].tolist()} "
         "(first 3 dims of KV head 0); slot -1 means 'do not store'"
     )
+
+
+def owned_slot_masks(problem: PagedProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(before, after)`` bool ``[num_blocks + 2 * guard, block_size]`` on the CPU: the slots that
+    hold a sequence's K/V before the step (its cached context) and after it (the new tokens too).
+    Padding rows' positions, the tails of last blocks, spare and guard blocks are in neither."""
+    k_buffer = problem.buffers_before[0]
+    block_size = k_buffer.shape[1]
+    before = torch.zeros(k_buffer.shape[:2], dtype=torch.bool)
+    after = before.clone()
+    g = problem.guard_blocks
+    for s, table in zip(problem.seqs, problem.tables, strict=True):
+        for pos in range(s.context + s.new):
+            block, offset = g + table[pos // block_size], pos % block_size
+            after[block, offset] = True
+            if pos < s.context:
+                before[block, offset] = True
+    return before, after
+
+
+def int8_problem(problem: PagedProblem, unowned_scale: float = float("nan"), seed: int = 0) -> PagedProblem:
+    """The same step over an 8-bit cache: ``[..., head_dim + 4]`` int8 buffers, each owned slot
+    quantised (``kv_quant.quantize_rows``), every other slot random codes (-128 included) and a
+    scale of ``unowned_scale`` (NaN, inf, ...), the same bytes before and after the step.
+
+    ``expected`` is recomputed by :func:`reference_attention` from each sequence's K/V as the
+    cache gives it back: dequantised and rounded to the query's dtype, as the backends read it.
+    ``query``, ``key``, ``value`` and ``meta`` are unchanged (a backend quantises ``key`` and
+    ``value`` itself)."""
+    dtype, device = problem.query.dtype, problem.query.device
+    gen = torch.Generator().manual_seed(seed)
+    owned_before, owned_after = owned_slot_masks(problem)
+    shape = (*problem.buffers_before[0].shape[:-1], problem.buffers_before[0].shape[-1] + SCALE_BYTES)
+
+    def garbage() -> torch.Tensor:
+        rows = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8)
+        scale = torch.full((*shape[:-1], 1), unowned_scale, dtype=torch.float32)
+        rows[..., -SCALE_BYTES:] = scale.view(torch.int8)
+        return rows
+
+    def packed(buffer: torch.Tensor, owned: torch.Tensor, junk: torch.Tensor) -> torch.Tensor:
+        rows = quantize_rows(buffer.cpu())
+        return torch.where(owned[:, :, None, None], rows, junk).to(device)
+
+    k_junk, v_junk = garbage(), garbage()
+    before = (packed(problem.buffers_before[0], owned_before, k_junk),
+              packed(problem.buffers_before[1], owned_before, v_junk))
+    after = (packed(problem.buffers_after[0], owned_after, k_junk),
+             packed(problem.buffers_after[1], owned_after, v_junk))
+    keys = [round_trip(k.to(dtype), dtype).double() for k in problem.keys]
+    values = [round_trip(v.to(dtype), dtype).double() for v in problem.values]
+    queries = list(problem.query.detach().double().cpu().split([s.query_len for s in problem.seqs]))
+    expected = reference_attention(problem.seqs, queries, keys, values, problem.scale)
+    return dataclasses.replace(problem, expected=expected, keys=keys, values=values,
+                               buffers_before=before, buffers_after=after)

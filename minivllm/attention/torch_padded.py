@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.cache_ops import gather_slots, owned_slots, write_kv_to_cache
+from minivllm.attention.kv_quant import check_cache_dtype
 from minivllm.attention.metadata import AttentionMetadata
 
 
@@ -91,9 +92,13 @@ def paged_attention_padded(
 
 
 class PaddedTorchAttentionBackend:
-    """Teaching baseline: ``write_kv_to_cache`` then ``paged_attention_padded``."""
+    """Teaching baseline: ``write_kv_to_cache`` then ``paged_attention_padded``. Float caches
+    only: it refuses an 8-bit one when the engine is built."""
 
     name = "torch_padded"
+
+    def check_kv_cache(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        check_cache_dtype(self.name, dtype, int8=False)
 
     def forward(
         self,

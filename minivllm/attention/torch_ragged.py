@@ -2,7 +2,9 @@
 
 A step's flat batch mixes two kinds of rows that want different shapes of work:
 
-* **decode rows** (one new token): batched, in a few buckets of similar context length.
+* **decode rows** (one new token, or a few over a cached context: a decode that verifies
+  speculative drafts, a short chunk; at most ``MAX_BATCHED_QUERY_LEN``): batched by their number
+  of new tokens, in a few buckets of similar context length.
   Sorted by length, a bucket holds sequences whose contexts are within a factor of 1.5 of
   each other, and each gathers keys only up to the longest context *of its bucket* (a prompt
   in the same step does not stretch them, nor does one long decode stretch 63 short ones).
@@ -29,18 +31,21 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.cache_ops import gather_blocks, gather_slots, owned_slots, store_kv
+from minivllm.attention.kv_quant import as_cached, check_cache_dtype, read_rows
 from minivllm.attention.metadata import AttentionMetadata
 
 
 @dataclass
 class DecodeRows:
-    """Sequences of the step with exactly one new token and similar context lengths, batched
+    """Sequences of the step with the same small number ``q`` of new tokens (one, for a decode;
+    a few, for a decode that verifies speculative drafts) and similar context lengths, batched
     together (one bucket of :attr:`RaggedStepPlan.decode`)."""
 
-    token_rows: torch.Tensor | None  # [n] int64 rows of the flat batch; None: all rows, in order
+    token_rows: torch.Tensor | None  # [n * q] int64 rows of the flat batch; None: all rows, in order
     key_slots: torch.Tensor  # [n, L] int32 slot of each key position, L = the bucket's longest
     #                          sequence; positions >= seq_len repeat the sequence's first slot
-    key_bias: torch.Tensor  # [n, 1, 1, L]: 0 where position < seq_len, else -inf
+    key_bias: torch.Tensor  # [n, 1, q, L]: 0 where new token j may read position l, else -inf
+    query_len: int = 1  # q
 
 
 @dataclass
@@ -73,6 +78,11 @@ def host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
     return [b - a for a, b in zip(starts, starts[1:])], meta.seq_lens.tolist()
 
 
+# Sequences with at most this many new tokens over a cached context (a decode verifying
+# speculative drafts, a short chunk) are batched like decodes instead of one by one.
+MAX_BATCHED_QUERY_LEN = 16
+
+
 def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype) -> RaggedStepPlan:
     """Sort the step's sequences into decode rows and prefill rows; build their index tensors
     on ``device`` and their masks as additive biases in ``dtype`` (what SDPA would otherwise
@@ -83,28 +93,34 @@ def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype)
         return cached
     query_lens, seq_lens = host_lengths(meta)
     num_tokens = int(meta.slot_mapping.shape[0])
-    decode_seqs: list[int] = []
-    decode_token_rows: list[int] = []
+    # q -> the sequences with q new tokens that are batched like decodes, and their first rows
+    short: dict[int, tuple[list[int], list[int]]] = {}
+    # a few new tokens read from the cache like a decode, once all of them are stored there
+    # (static batching's padding rows are not: they keep the one-sequence path)
+    max_short = MAX_BATCHED_QUERY_LEN if meta.num_skipped_slots == 0 else 1
     prefills: list[PrefillRows] = []
     row = 0
     for seq, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
         context_len = seq_len - query_len
         if context_len < 0:
             raise ValueError(f"sequence {seq}: query_len {query_len} > seq_len {seq_len}")
-        if query_len == 1:
-            decode_seqs.append(seq)
-            decode_token_rows.append(row)
+        if query_len == 1 or (query_len <= max_short and context_len > 0):
+            seqs, rows = short.setdefault(query_len, ([], []))
+            seqs.append(seq)
+            rows.append(row)
         elif query_len > 1:
             prefills.append(_prefill_rows(meta, seq, row, query_len, context_len, device, dtype))
         row += query_len
     if row != num_tokens:
         raise ValueError(f"query lengths add up to {row} tokens but slot_mapping has {num_tokens}")
-    only_decodes = len(decode_seqs) == len(seq_lens) == num_tokens
-    decode = [
-        _decode_rows(meta, [decode_seqs[i] for i in bucket], [decode_token_rows[i] for i in bucket],
-                     seq_lens, device, dtype, all_rows=only_decodes and len(bucket) == len(decode_seqs))
-        for bucket in length_buckets([seq_lens[s] for s in decode_seqs])
-    ]
+    decode = []
+    for q, (seqs, rows) in sorted(short.items()):
+        only = q == 1 and len(seqs) == len(seq_lens) == num_tokens
+        decode.extend(
+            _decode_rows(meta, [seqs[i] for i in bucket], [rows[i] for i in bucket], seq_lens, device, dtype,
+                         all_rows=only and len(bucket) == len(seqs), query_len=q)
+            for bucket in length_buckets([seq_lens[s] for s in seqs])
+        )
     kept_rows, kept_slots = _kept_rows(meta)
     plan = RaggedStepPlan(decode, prefills, kept_rows, kept_slots)
     meta.backend_cache["torch_ragged"] = plan
@@ -135,18 +151,28 @@ def _decode_rows(
     device: torch.device,
     dtype: torch.dtype,
     all_rows: bool = False,
+    query_len: int = 1,
 ) -> DecodeRows:
+    """``token_rows``: each sequence's first new row (its ``query_len`` rows follow it)."""
     lens = [seq_lens[s] for s in seqs]
     length = max(lens)
     num_blocks = -(-length // meta.block_size)
     if all_rows and seqs == list(range(len(seqs))):  # decode only, one bucket: sequence i is row i
         rows, tables = None, meta.block_tables[:, :num_blocks]
     else:
-        rows = torch.tensor(token_rows, dtype=torch.long, device=device)
+        first = torch.tensor(token_rows, dtype=torch.long, device=device)
+        rows = (first[:, None] + torch.arange(query_len, device=device)).reshape(-1)
         tables = meta.block_tables[torch.tensor(seqs, device=meta.block_tables.device), :num_blocks]
-    readable = torch.arange(length, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
+    lens_t = torch.tensor(lens, device=device)
+    positions = torch.arange(length, device=device)
+    readable = positions[None, :] < lens_t[:, None]
     key_slots = owned_slots(tables, readable, meta.block_size)
-    return DecodeRows(rows, key_slots, additive_bias(readable, dtype)[:, None, None, :])
+    if query_len == 1:
+        return DecodeRows(rows, key_slots, additive_bias(readable, dtype)[:, None, None, :])
+    # new token j of a sequence of length s sits at position s - q + j and reads positions <= it
+    last = lens_t[:, None] - query_len + torch.arange(query_len, device=device)  # [n, q]
+    allowed = positions[None, None, :] <= last[:, :, None]  # [n, q, L]
+    return DecodeRows(rows, key_slots, additive_bias(allowed, dtype)[:, None], query_len)
 
 
 def _prefill_rows(
@@ -192,20 +218,33 @@ def decode_attention(
     rows: DecodeRows,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence over its cached context (its own K/V already written).
+    """``q`` query tokens per sequence (one, for a decode) over its cached context (their own
+    K/V already written), causal among themselves.
 
     The ``group = num_heads / num_kv_heads`` query heads that read one KV head are viewed as
     ``group`` query rows of that head: ``[num_decodes, KVH, group, D]`` against keys
-    ``[num_decodes, KVH, L, D]``, gathered slot by slot from what each sequence owns.
+    ``[num_decodes, KVH, L, D]``, gathered slot by slot from what each sequence owns; with
+    ``q > 1`` new tokens the rows are ``(token, group member)`` pairs, ``q * group`` per KV head.
+    An int8 cache's gathered rows are dequantised to the query's dtype (``kv_quant.read_rows``).
     Returns ``[num_decodes, num_heads, head_dim]``.
     """
-    num_decodes, num_heads, head_dim = query.shape
+    num_rows, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    k = gather_slots(k_cache, rows.key_slots).to(query.dtype).transpose(1, 2)  # [N, KVH, L, D]
-    v = gather_slots(v_cache, rows.key_slots).to(query.dtype).transpose(1, 2)
-    q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_bias, scale=scale)
-    return out.reshape(num_decodes, num_heads, head_dim)
+    group, q_len = num_heads // num_kv_heads, rows.query_len
+    k = read_rows(gather_slots(k_cache, rows.key_slots), query.dtype).transpose(1, 2)  # [N, KVH, L, D]
+    v = read_rows(gather_slots(v_cache, rows.key_slots), query.dtype).transpose(1, 2)
+    if q_len == 1:
+        q = query.view(num_rows, num_kv_heads, group, head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows.key_bias, scale=scale)
+        return out.reshape(num_rows, num_heads, head_dim)
+    # q new tokens per sequence: query row (j, g) of a KV head is new token j, head g of the group
+    n = num_rows // q_len
+    q = query.view(n, q_len, num_kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
+    q = q.reshape(n, num_kv_heads, q_len * group, head_dim)
+    bias = rows.key_bias.repeat_interleave(group, dim=2)  # [n, 1, q * group, L]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    out = out.view(n, num_kv_heads, q_len, group, head_dim).permute(0, 2, 1, 3, 4)
+    return out.reshape(num_rows, num_heads, head_dim)
 
 
 def prefill_attention(
@@ -220,15 +259,15 @@ def prefill_attention(
     """Causal attention of one sequence's new tokens over its cached context and themselves.
 
     The context comes from the cache; the new tokens' K/V come straight from this step's rows,
-    rounded to the cache's dtype exactly as the cache holds them (so padding rows, which are
-    never stored, still see their own keys). Returns ``[q, num_heads, head_dim]``.
+    rounded exactly as the cache holds them (its float dtype, or int8 codes and a scale), so
+    padding rows, which are never stored, still see their own keys. Returns ``[q, num_heads, head_dim]``.
     """
-    k = key.to(k_cache.dtype).to(query.dtype)
-    v = value.to(v_cache.dtype).to(query.dtype)
+    k = as_cached(key, k_cache, query.dtype)
+    v = as_cached(value, v_cache, query.dtype)
     if rows.context_blocks is not None:
         n = rows.context_len
-        k = torch.cat([gather_blocks(k_cache, rows.context_blocks)[:n].to(query.dtype), k])
-        v = torch.cat([gather_blocks(v_cache, rows.context_blocks)[:n].to(query.dtype), v])
+        k = torch.cat([read_rows(gather_blocks(k_cache, rows.context_blocks)[:n], query.dtype), k])
+        v = torch.cat([read_rows(gather_blocks(v_cache, rows.context_blocks)[:n], query.dtype), v])
     # [1, heads, tokens, D]; enable_gqa lets query head h read KV head h // group without a copy
     out = F.scaled_dot_product_attention(
         query.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -261,9 +300,14 @@ def paged_attention_ragged(
 
 
 class TorchAttentionBackend:
-    """The CPU default: store the new K/V, then ``paged_attention_ragged``."""
+    """The CPU default: store the new K/V, then ``paged_attention_ragged``. Reads float caches
+    and 8-bit ones (``kv_quant.py``)."""
 
     name = "torch"
+
+    def check_kv_cache(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Any block size; a floating-point cache or an int8 one."""
+        check_cache_dtype(self.name, dtype, int8=True)
 
     def forward(
         self,
@@ -283,3 +327,4 @@ class TorchAttentionBackend:
         else:
             store_kv(key[plan.kept_rows], value[plan.kept_rows], k_cache, v_cache, plan.kept_slots)
         return paged_attention_ragged(query, key, value, k_cache, v_cache, plan, scale)
+

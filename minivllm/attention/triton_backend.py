@@ -6,6 +6,9 @@ sequence has exactly one new token) runs the decode kernel, which may split long
 across programs; any step with a longer query (prompts, prompt chunks, or a mix of those with
 decode tokens) runs the prefill kernel, which handles every query length including 1.
 
+An 8-bit cache (``kv_cache_dtype="int8"``, ``kv_quant.py``) goes through the same three kernels:
+``reshape_and_cache`` quantises, decode and prefill dequantise the blocks they load.
+
 The kernels need a power-of-two block size of at least 16: the backend says so when the model
 allocates the cache (:meth:`TritonAttentionBackend.check_kv_cache`), before anything is served.
 """
@@ -16,6 +19,7 @@ import os
 
 import torch
 
+from minivllm.attention.kv_quant import check_cache_dtype
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.triton_decode import check_block_size
 from minivllm.attention.triton_kernels import (
@@ -34,8 +38,10 @@ class TritonAttentionBackend:
         check_interpreter_ready()  # fail here, with advice, rather than inside the first step
 
     def check_kv_cache(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Refuse a block size the kernels cannot tile (any dtype and device are fine)."""
+        """Refuse a block size the kernels cannot tile. A float cache or an 8-bit one
+        (``kv_quant.py``, dequantised inside the kernels); any device."""
         check_block_size(block_size)
+        check_cache_dtype(self.name, dtype, int8=True)
 
     def forward(
         self,
@@ -82,6 +88,7 @@ def check_interpreter_ready() -> None:
         "triton.language.sum": tl.sum,
         "triton.language.max": tl.max,
         "_reshape_and_cache_kernel": triton_cache._reshape_and_cache_kernel,
+        "_reshape_and_cache_int8_kernel": triton_cache._reshape_and_cache_int8_kernel,
         "_paged_decode_kernel": triton_decode._paged_decode_kernel,
         "_merge_splits_kernel": triton_decode._merge_splits_kernel,
         "online_softmax_step": triton_decode.online_softmax_step,

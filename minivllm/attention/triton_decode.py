@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.attention.kv_quant import SCALE_BYTES, int8_row_width
 from minivllm.attention.triton_env import triton_mode
 
 # Split-KV heuristic (see ``choose_num_splits``). A GPU has on the order of 100 streaming
@@ -97,12 +98,20 @@ def load_kv_block(
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     UPCAST: tl.constexpr,
+    pos_ok,  # [BLOCK_SIZE] bool: the slots to load (KV_INT8: whose scale to read)
+    HEAD_DIM: tl.constexpr,  # KV_INT8: the scale sits after HEAD_DIM codes
+    KV_INT8: tl.constexpr,
 ):
     """Load one cache block's K and V for one KV head: ``[BLOCK_SIZE, BLOCK_D]`` each.
 
     Masked slots (past the sequence, or padded head dims) read as 0: slots nobody owns may
     hold anything, even NaN from ``torch.empty``, and masking only the scores is not enough
     since 0 * NaN = NaN.
+
+    An 8-bit cache (``KV_INT8``, ``kv_quant.py``): each slot's row is ``HEAD_DIM`` int8 codes and
+    then a float32 scale (the row's last 4 bytes, read through a float32 pointer). Returns the
+    dequantised ``code * scale`` in float32; a masked slot's scale is not loaded either (it
+    may be NaN), and reads as 0.
     """
     k = tl.load(
         k_cache_ptr + physical_block * stride_kb + t[:, None] * stride_kt
@@ -116,7 +125,14 @@ def load_kv_block(
         mask=kv_mask,
         other=0.0,
     )
-    if UPCAST:
+    if KV_INT8:
+        k_scale_ptr = k_cache_ptr + physical_block * stride_kb + t * stride_kt + kv_head * stride_kh + HEAD_DIM * stride_kd
+        v_scale_ptr = v_cache_ptr + physical_block * stride_vb + t * stride_vt + kv_head * stride_vh + HEAD_DIM * stride_vd
+        k_scale = tl.load(k_scale_ptr.to(tl.pointer_type(tl.float32)), mask=pos_ok, other=0.0)  # [BLOCK_SIZE]
+        v_scale = tl.load(v_scale_ptr.to(tl.pointer_type(tl.float32)), mask=pos_ok, other=0.0)
+        k = k.to(tl.float32) * k_scale[:, None]
+        v = v.to(tl.float32) * v_scale[:, None]
+    elif UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     return k, v
@@ -147,6 +163,7 @@ def _paged_decode_kernel(
     IS_SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr = False,  # an 8-bit cache: rows of HEAD_DIM codes + a float32 scale
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -189,8 +206,11 @@ def _paged_decode_kernel(
             k_cache_ptr, v_cache_ptr, physical_block, kv_head, t, d, kv_mask,
             stride_kb, stride_kt, stride_kh, stride_kd,
             stride_vb, stride_vt, stride_vh, stride_vd,
-            UPCAST,
+            UPCAST, pos_ok, HEAD_DIM, KV_INT8,
         )
+        if KV_INT8:  # dequantised in float32, rounded to the query's dtype (as kv_quant does)
+            k = k.to(q_ptr.dtype.element_ty).to(q.dtype)  # q.dtype: fp32 if UPCAST
+            v = v.to(q_ptr.dtype.element_ty).to(q.dtype)
         # Every row (padded ones too, their q is 0) sees the block's valid positions, and the
         # first block of a non-empty range always has one, so no row's max stays -inf.
         m, denom, acc = online_softmax_step(q, k, v, pos_ok[None, :], m, denom, acc, scale, DOT_PRECISION)
@@ -276,19 +296,28 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
 def _check_paged_inputs(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor
 ) -> tuple[int, int]:
-    """Validate shapes/dtypes shared by decode and prefill; returns ``(num_kv_heads, group)``."""
+    """Validate shapes/dtypes shared by decode and prefill; returns ``(num_kv_heads, group)``.
+
+    The caches hold ``q``'s dtype, or are 8-bit (``torch.int8``, rows of ``head_dim + 4``
+    bytes: codes and a float32 scale, see ``kv_quant.py``)."""
     if q.dim() != 3:
         raise ValueError(f"q must be [tokens, num_heads, head_dim], got {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)}: expected equal 4-D shapes")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"cache head_dim {k_cache.shape[3]} != query head_dim {head_dim}")
+    int8 = k_cache.dtype == torch.int8
+    row = int8_row_width(head_dim) if int8 else head_dim
+    if k_cache.shape[3] != row:
+        what = f"head_dim + {SCALE_BYTES} = {row} int8 bytes" if int8 else f"head_dim {head_dim}"
+        raise ValueError(f"cache rows hold {k_cache.shape[3]} elements, the query's {what}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype}, {v_cache.dtype}) must share a dtype")
+    if v_cache.dtype != k_cache.dtype or not (int8 or q.dtype == k_cache.dtype):
+        raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype}, {v_cache.dtype}) must share a dtype "
+                         "(or the caches be int8)")
+    if int8 and (k_cache.stride(3) != 1 or v_cache.stride(3) != 1):
+        raise ValueError("an int8 cache's rows must be contiguous (its scale is read as 4 aligned bytes)")
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [num_seqs, max_blocks], got {tuple(block_tables.shape)}")
     check_block_size(k_cache.shape[1])
@@ -319,6 +348,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its whole cached sequence.
 
+    The caches hold ``q``'s dtype, or are 8-bit (``kv_quant.py``: dequantised inside the kernel).
     Returns ``[num_seqs, num_heads, head_dim]`` in ``q``'s dtype. ``num_splits=None`` picks
     plain or split-KV with ``choose_num_splits``; an integer forces that many splits (1 = the
     plain kernel). ``max_seq_len`` only feeds the heuristic; pass it when known to avoid a
@@ -351,6 +381,7 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         UPCAST=upcast,
         DOT_PRECISION=precision,
+        KV_INT8=k_cache.dtype == torch.int8,
     )
     common = (
         q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,

@@ -8,7 +8,8 @@
 
 All three take the cache layout ``[num_blocks, block_size, num_kv_heads, head_dim]`` and
 support fp32, fp16 and bf16 (fp32 accumulation), any head_dim (padded to a power of two and
-masked) and any GQA ratio. ``docs/triton_kernels.md`` walks through how they work.
+masked) and any GQA ratio; and an 8-bit cache (``torch.int8`` rows of ``head_dim`` codes and a
+float32 scale, ``kv_quant.py``): quantised as it is written, dequantised as blocks are loaded. ``docs/triton_kernels.md`` walks through how they work.
 """
 
 from __future__ import annotations

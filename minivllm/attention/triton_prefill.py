@@ -67,6 +67,7 @@ def _paged_prefill_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr = False,  # an 8-bit cache: rows of HEAD_DIM codes + a float32 scale
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -111,8 +112,11 @@ def _paged_prefill_kernel(
             k_cache_ptr, v_cache_ptr, physical_block, kv_head, t, d, kv_mask,
             stride_kb, stride_kt, stride_kh, stride_kd,
             stride_vb, stride_vt, stride_vh, stride_vd,
-            UPCAST,
+            UPCAST, pos_ok, HEAD_DIM, KV_INT8,
         )
+        if KV_INT8:  # dequantised in float32, rounded to the query's dtype (as kv_quant does)
+            k = k.to(q_ptr.dtype.element_ty).to(q.dtype)  # q.dtype: fp32 if UPCAST
+            v = v.to(q_ptr.dtype.element_ty).to(q.dtype)
         causal = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]  # [BLOCK_M, BLOCK_SIZE]
         m, denom, acc = online_softmax_step(q, k, v, causal, m, denom, acc, scale, DOT_PRECISION)
 
@@ -135,7 +139,8 @@ def paged_prefill_attention(
     """Causal attention of each sequence's new tokens over its cached context and themselves.
 
     Works for any mix of whole prompts, prompt chunks with cached context (chunked prefill,
-    prefix-cache hits) and single decode tokens. Returns ``[num_tokens, num_heads, head_dim]``
+    prefix-cache hits) and single decode tokens. The caches hold ``q``'s dtype, or are 8-bit
+    (``kv_quant.py``: dequantised inside the kernel). Returns ``[num_tokens, num_heads, head_dim]``
     in ``q``'s dtype. The new tokens' K/V must already be in the cache, except padding rows'
     (slot -1, the last rows of their sequence): ``readable_lens`` (``AttentionMetadata.
     readable_lens()``) then says how many positions each sequence wrote, and no slot past them
@@ -172,5 +177,6 @@ def paged_prefill_attention(
         BLOCK_SIZE=k_cache.shape[1],
         UPCAST=upcast,
         DOT_PRECISION=precision,
+        KV_INT8=k_cache.dtype == torch.int8,
     )
     return out.to(q.dtype)

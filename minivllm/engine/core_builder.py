@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from minivllm.attention.kv_quant import kv_cache_torch_dtype
 from minivllm.config import (
     EngineArgs,
     build_engine_core,
@@ -48,7 +49,7 @@ class BuiltCore:
     runner: ModelRunner
     sampler: Sampler
     max_model_len: int
-    kv_dtype: torch.dtype
+    kv_dtype: torch.dtype  # the cache tensors' dtype: the model's, or torch.int8 (kv_cache_dtype="int8")
 
     @property
     def device(self) -> torch.device:
@@ -69,12 +70,11 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
     set_cpu_threads(args, model.config, device)
     cfg = model.config
     max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
-    kv_dtype = resolve_dtype(args.dtype, device)
+    kv_dtype = kv_cache_torch_dtype(args.kv_cache_dtype, resolve_dtype(args.dtype, device))
     pool = _Pool(args, cfg, device, kv_dtype, max_model_len)
     draft_model = load_draft_model(args, model) if args.speculative_config is not None else None
-    if draft_model is not None:  # its K/V lives in the same blocks: a block holds both models'
-        itemsize = torch.finfo(kv_dtype).bits // 8
-        pool.bytes_per_block += draft_model.config.kv_bytes_per_token(itemsize) * args.block_size
+    if draft_model is not None:
+        pool.add_model(draft_model.config)
     scheduler = build_scheduler(args, max_model_len, pool.num_kv_blocks)
     kv = scheduler.kv
     pool.check_memory(kv.num_blocks)
@@ -132,9 +132,18 @@ class _Pool:
 
     def __init__(self, args: EngineArgs, cfg: ModelConfig, device: torch.device, kv_dtype: torch.dtype,
                  max_model_len: int):
-        self.args, self.device, self.max_model_len = args, device, max_model_len
-        itemsize = torch.finfo(kv_dtype).bits // 8
-        self.bytes_per_block = cfg.kv_bytes_per_token(itemsize) * args.block_size
+        self.args, self.device, self.max_model_len, self.kv_dtype = args, device, max_model_len, kv_dtype
+        self.bytes_per_block = 0
+        self.add_model(cfg)
+
+    def add_model(self, cfg: ModelConfig) -> None:
+        """A block holds this model's K/V too (a draft model's lives in the target's blocks):
+        bytes from the cache's layout, the float format's itemsize or an 8-bit cache's codes
+        and scales (``ModelConfig.kv_bytes_per_token``)."""
+        quantized = self.kv_dtype == torch.int8
+        itemsize = 1 if quantized else torch.finfo(self.kv_dtype).bits // 8
+        per_token = cfg.kv_bytes_per_token(itemsize, "int8" if quantized else "auto")
+        self.bytes_per_block += per_token * self.args.block_size
 
     def num_kv_blocks(self) -> int:
         num_blocks = resolve_num_kv_blocks(self.args, self.max_model_len, self.bytes_per_block,

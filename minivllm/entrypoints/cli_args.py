@@ -14,7 +14,7 @@ import dataclasses
 import types
 import typing
 
-from minivllm.config import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS, EngineArgs
+from minivllm.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, KV_CACHES, SCHEDULERS, EngineArgs
 from minivllm.core.scheduler import SCHEDULING_POLICIES
 from minivllm.entrypoints.front_door import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT
 
@@ -31,6 +31,7 @@ CHOICES = {
     "kv_cache": KV_CACHES,
     "attention_backend": ATTENTION_BACKENDS,
     "scheduling_policy": SCHEDULING_POLICIES,
+    "kv_cache_dtype": KV_CACHE_DTYPES,
 }
 
 

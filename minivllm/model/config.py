@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# bytes of the float32 scale after each row's codes in an 8-bit KV cache (kv_quant.SCALE_BYTES;
+# this module stays free of torch, so the number is repeated, and a test checks they agree)
+INT8_SCALE_BYTES = 4
+
 # the checkpoint shipped with the package (see docs/tiny_model.md)
 TINY_MODEL_DIR = str(Path(__file__).resolve().parent.parent / "tiny_model")
 
@@ -58,8 +62,15 @@ class ModelConfig:
     def gqa_group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V, every layer, every KV head: ``2 * layers * kv_heads * head_dim * bytes``."""
+    def kv_bytes_per_token(self, dtype_bytes: int, kv_cache_dtype: str = "auto") -> int:
+        """K and V, every layer, every KV head: ``2 * layers * kv_heads * head_dim * bytes`` for a
+        cache in the model's float format (``dtype_bytes`` each); for ``kv_cache_dtype="int8"``
+        ``2 * layers * kv_heads * (head_dim + 4)``: one byte per code and a float32 scale per
+        row (the layout of ``minivllm/attention/kv_quant.py``)."""
+        if kv_cache_dtype == "int8":
+            return 2 * self.num_layers * self.num_kv_heads * (self.head_dim + INT8_SCALE_BYTES)
+        if kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of ('auto', 'int8')")
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
     @classmethod

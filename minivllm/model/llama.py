@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention import KVCacheRequirements
+from minivllm.attention.kv_quant import INT8_BACKENDS, int8_row_width
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.model.config import ModelConfig
 from minivllm.model.rope import RotaryEmbedding, apply_rotary
@@ -50,7 +51,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.backend = backend
-        # Bound by Model.bind_kv_cache: [num_blocks, block_size, num_kv_heads, head_dim] each.
+        # Bound by Model.bind_kv_cache: [num_blocks, block_size, num_kv_heads, head_dim] each
+        # (head_dim + 4 int8 bytes per row for an 8-bit cache).
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
@@ -140,14 +142,29 @@ class LlamaFamilyModel(nn.Module):
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Allocate zeroed paged caches for every layer, bind them, and return them. A backend
-        with requirements on its cache (:class:`~minivllm.attention.KVCacheRequirements`) is
-        asked first, and may refuse."""
+        """Allocate zeroed paged caches for every layer, bind them, and return them.
+
+        ``dtype``: the model's by default; ``torch.int8`` for an 8-bit cache, whose rows are
+        ``head_dim`` codes and a float32 scale (``[num_blocks, block_size, num_kv_heads,
+        head_dim + 4]``, see ``minivllm/attention/kv_quant.py``). A backend with requirements on
+        its cache (:class:`~minivllm.attention.KVCacheRequirements`) is asked first, and may
+        refuse; one without cannot know the int8 layout, so an int8 cache is refused for it."""
         p = self.lm_head.weight
         dtype, device = dtype or p.dtype, torch.device(device or p.device)
-        if isinstance(self.attention_backend, KVCacheRequirements):
-            self.attention_backend.check_kv_cache(block_size, dtype, device)
-        shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        backend = self.attention_backend
+        row = self.config.head_dim
+        if dtype == torch.int8:
+            row = int8_row_width(self.config.head_dim)  # refuses head_dim % 4 != 0
+        if isinstance(backend, KVCacheRequirements):
+            backend.check_kv_cache(block_size, dtype, device)
+        elif dtype == torch.int8:
+            raise ValueError(
+                f"attention backend {getattr(backend, 'name', type(backend).__name__)!r} has no "
+                "check_kv_cache(block_size, dtype, device), so it cannot say it reads the 8-bit "
+                f"layout (codes + float32 scale per row); use one of {INT8_BACKENDS} or "
+                "kv_cache_dtype='auto'"
+            )
+        shape = (num_blocks, block_size, self.config.num_kv_heads, row)
         caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(self.config.num_layers)

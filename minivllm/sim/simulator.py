@@ -78,7 +78,7 @@ class Simulator:
     :class:`minivllm.config.EngineArgs` (``block_size``, ``num_kv_blocks``, ``max_num_seqs``,
     ``scheduler``, ``kv_cache``, ... including plug-in instances); arguments about the model
     runner (``dtype``, ``device``, ``attention_backend``) are accepted and ignored. The KV
-    dtype is the ``ModelSpec``'s ``kv_dtype``.
+    dtype is the ``ModelSpec``'s ``kv_dtype``; ``kv_cache_dtype="int8"`` makes it ``"int8"``.
     """
 
     def __init__(
@@ -94,6 +94,10 @@ class Simulator:
         **engine_args,
     ):
         self.model = preset(model) if isinstance(model, str) else model
+        if engine_args.get("kv_cache_dtype") == "int8" and self.model.kv_dtype != "int8":
+            # the engine argument, honoured the simulator's way: the spec's KV format (which
+            # sizes the pool and the KV traffic of every step)
+            self.model = self.model.with_dtypes(kv_dtype="int8")
         self.hardware = get_hardware(hardware)
         self.cost_model = cost_model or CostModel(self.model, self.hardware)
         if self.cost_model.model != self.model or self.cost_model.hardware != self.hardware:

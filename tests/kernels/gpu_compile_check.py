@@ -37,35 +37,37 @@ def _strides(prefix: str, names) -> dict:
     return {f"stride_{prefix}{n}": 64 for n in names}
 
 
-def decode_args(dtype: str, head_dim: int, group: int, block_size: int, split: bool) -> dict:
+def decode_args(dtype: str, head_dim: int, group: int, block_size: int, split: bool, int8: bool = False) -> dict:
     import triton
 
+    kv = "i8" if int8 else dtype  # an 8-bit cache: rows of head_dim codes + a float32 scale
     return dict(
-        out_ptr="*fp32" if split else f"*{dtype}", lse_ptr="*fp32", q_ptr=f"*{dtype}", k_cache_ptr=f"*{dtype}",
-        v_cache_ptr=f"*{dtype}", block_tables_ptr="*i32", seq_lens_ptr="*i32", scale=0.1, num_splits=4,
+        out_ptr="*fp32" if split else f"*{dtype}", lse_ptr="*fp32", q_ptr=f"*{dtype}", k_cache_ptr=f"*{kv}",
+        v_cache_ptr=f"*{kv}", block_tables_ptr="*i32", seq_lens_ptr="*i32", scale=0.1, num_splits=4,
         **_strides("q", "shd"), **_strides("k", "bthd"), **_strides("v", "bthd"), stride_bts=64,
         **_strides("o", ["s", "h", "split", "d"]), stride_ls=64, stride_lh=64,
         GROUP=("c", group), GROUP_PAD=("c", max(16, triton.next_power_of_2(group))), HEAD_DIM=("c", head_dim),
         BLOCK_D=("c", triton.next_power_of_2(head_dim)), BLOCK_SIZE=("c", block_size), IS_SPLIT=("c", split),
-        UPCAST=("c", False), DOT_PRECISION=("c", "ieee" if dtype == "fp32" else "tf32"),
+        UPCAST=("c", False), DOT_PRECISION=("c", "ieee" if dtype == "fp32" else "tf32"), KV_INT8=("c", int8),
     )
 
 
-def prefill_args(dtype: str, head_dim: int, group: int, block_size: int) -> dict:
+def prefill_args(dtype: str, head_dim: int, group: int, block_size: int, int8: bool = False) -> dict:
     import triton
 
     from minivllm.attention.triton_prefill import BLOCK_M_TARGET
 
     group_pad = triton.next_power_of_2(group)
+    kv = "i8" if int8 else dtype
     return dict(
-        out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_cache_ptr=f"*{dtype}", v_cache_ptr=f"*{dtype}",
+        out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}",
         block_tables_ptr="*i32", query_start_loc_ptr="*i32", seq_lens_ptr="*i32", readable_lens_ptr="*i32",
         scale=0.1,
         **_strides("q", "thd"), **_strides("k", "bthd"), **_strides("v", "bthd"), stride_bts=64,
         **_strides("o", "thd"),
         GROUP=("c", group), GROUP_PAD=("c", group_pad), BLOCK_Q=("c", max(1, BLOCK_M_TARGET // group_pad)),
         HEAD_DIM=("c", head_dim), BLOCK_D=("c", triton.next_power_of_2(head_dim)), BLOCK_SIZE=("c", block_size),
-        UPCAST=("c", False), DOT_PRECISION=("c", "ieee" if dtype == "fp32" else "tf32"),
+        UPCAST=("c", False), DOT_PRECISION=("c", "ieee" if dtype == "fp32" else "tf32"), KV_INT8=("c", int8),
     )
 
 
@@ -86,6 +88,15 @@ def cache_args(dtype: str) -> dict:
     )
 
 
+def cache_int8_args(dtype: str) -> dict:
+    return dict(
+        key_ptr=f"*{dtype}", value_ptr=f"*{dtype}", k_cache_ptr="*i8", v_cache_ptr="*i8",
+        slot_mapping_ptr="*i64", **_strides("k", "thd"), **_strides("v", "thd"),
+        **_strides("kc", "bsh"), **_strides("vc", "bsh"),
+        NUM_KV_HEADS=("c", 3), HEAD_DIM=("c", 80), BLOCK_SIZE=("c", 16), BLOCK_H=("c", 4), BLOCK_D=("c", 128),
+    )
+
+
 # (kernel, arguments, compute capability): the default configuration (block 16, head_dim 128)
 # in the dtypes each card runs, plus odd shapes (head_dim 80, 5:1 GQA, block 32).
 CASES = [
@@ -99,6 +110,15 @@ CASES = [
     ("prefill", ("fp32", 64, 2, 16), 75),
     ("merge", ("bf16",), 90),
     ("cache", ("fp16",), 75),
+    # the 8-bit KV cache (kv_cache_dtype="int8"): int8 codes + float32 scale per row
+    ("decode", ("bf16", 128, 4, 16, False, True), 90),
+    ("decode", ("bf16", 128, 4, 16, True, True), 90),
+    ("decode", ("fp16", 128, 8, 16, False, True), 75),
+    ("prefill", ("bf16", 128, 4, 16, True), 90),
+    ("prefill", ("fp16", 80, 5, 32, True), 80),
+    ("prefill", ("fp16", 128, 1, 16, True), 75),
+    ("cache_int8", ("bf16",), 90),
+    ("cache_int8", ("fp16",), 75),
 ]
 
 
@@ -117,6 +137,7 @@ def main() -> int:
         "prefill": (triton_prefill._paged_prefill_kernel, prefill_args),
         "merge": (triton_decode._merge_splits_kernel, merge_args),
         "cache": (triton_cache._reshape_and_cache_kernel, cache_args),
+        "cache_int8": (triton_cache._reshape_and_cache_int8_kernel, cache_int8_args),
     }
     for name, params, capability in CASES:
         fn, make_args = kernels[name]

@@ -76,6 +76,9 @@ STEPS = {
     "decode_only": [(1, 14), (1, 15), (1, 16), (1, 0), (1, 31), (1, 47), (1, 200)],
     # A prompt, decodes, a later chunk, a one-token prompt, a chunk after a block-aligned hit.
     "mixed": [(1, 40), (17, 0), (1, 15), (5, 27), (1, 0), (33, 16), (1, 63), (2, 30)],
+    # Decodes verifying speculative drafts (a few new tokens over a context), with plain decodes,
+    # at block boundaries and in several length buckets; one of 16 tokens, the most batched so.
+    "verify": [(4, 30), (4, 12), (1, 40), (3, 47), (4, 31), (16, 20), (4, 200), (2, 1)],
     # Prefill rows only, every one a different kind.
     "prefill_only": [(16, 0), (31, 17), (2, 62), (15, 1)],
     # The decodes come last and have the longest contexts: the decode batch must not be
