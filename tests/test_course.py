@@ -290,6 +290,30 @@ MUTANTS = [
     ("ex10_costs", "gpu_seconds = latency / batch_size", "gpu_seconds = latency"),  # GPU not shared
     ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len, assumptions)"),  # cache not growing
     ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len + i)"),  # assumptions dropped
+    # ex11: the verifier's plausible slips: the acceptance test, the residual, the bonus token, the rows
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if float(uniforms[i]) * p_token < q_token:"),  # kept with probability min(1, q/p)
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:", "if float(uniforms[i]) < p_token:"),  # q ignored
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if float(uniforms[i]) * q_token <= p_token:"),  # a uniform of 0 keeps a draft the target rules out
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if float(uniforms[0]) * q_token < p_token:"),  # one uniform for every draft
+    ("ex11_spec_verify", "q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])",
+     "q_token = 1.0 if draft_probs is None else float(draft_probs[0, token])"),  # q read from row 0
+    ("ex11_spec_verify", "leftover = (p_row - draft_probs[i]).clamp(min=0.0)", "leftover = p_row.clone()"),  # residual p
+    ("ex11_spec_verify", "leftover = (p_row - draft_probs[i]).clamp(min=0.0)", "leftover = p_row - draft_probs[i]"),
+    ("ex11_spec_verify", "leftover = (p_row - draft_probs[i]).clamp(min=0.0)",
+     "leftover = (target_probs[i + 1] - draft_probs[i]).clamp(min=0.0)"),  # residual from the next row
+    ("ex11_spec_verify", "leftover[token] = 0.0", "pass"),  # a guess's residual keeps the guess
+    ("ex11_spec_verify", "if not float(leftover.sum()) > 0.0:", "if False:"),  # an empty residual drawn from
+    ("ex11_spec_verify", "return kept + [int(torch.argmax(leftover / noise[i]))]",
+     "kept.append(int(torch.argmax(leftover / noise[i])))"),  # goes on after a rejection
+    ("ex11_spec_verify", "return kept + [int(torch.argmax(leftover / noise[i]))]", "continue"),  # skips a rejected draft
+    ("ex11_spec_verify", "return kept + [int(torch.argmax(leftover / noise[i]))]",
+     "return kept + [int(torch.argmax(leftover))]"),  # the residual's argmax, not a draw
+    ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]", "return kept"),  # no bonus
+    ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]",
+     "return kept + [int(torch.argmax(target_probs[k - 1] / noise[k]))]"),  # the bonus from the row before
     # ex06: the online softmax without rescaling what was accumulated under the old maximum
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),

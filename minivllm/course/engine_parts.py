@@ -99,6 +99,7 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.core.policies:PriorityPolicy",
     ),
     "ex10_costs": ("minivllm.sim.cost_model:CostModel.step_cost",),
+    "ex11_spec_verify": ("minivllm.spec_decode.rejection:verify",),
 }
 
 MIN_LINE = 12  # characters (whitespace removed) for a source line to count as significant

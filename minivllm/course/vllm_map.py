@@ -146,6 +146,46 @@ TABLES: dict[str, tuple[Row, ...]] = {
              Ref("vllm/v1/spec_decode/draft_model.py"), Ref("vllm/v1/spec_decode/eagle.py"),
              Ref("vllm/v1/spec_decode/ngram_proposer.py"), Ref("vllm/v1/sample/rejection_sampler.py"))),
     ),
+    "nb11": (
+        Row("`LLM(speculative_config={\"method\": \"ngram\", \"num_speculative_tokens\": k})` or "
+            "`\"draft_model\"` with its `\"model\"` (`minivllm/spec_decode/config.py`)",
+            "`SpeculativeConfig` in `vllm/config/speculative.py` (`method`, `num_speculative_tokens`, "
+            "`prompt_lookup_max` / `prompt_lookup_min`, `model`); `--speculative-config` takes the same JSON",
+            (Ref("vllm/config/speculative.py", ("SpeculativeConfig",),
+                 ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")),
+             Ref("vllm/engine/arg_utils.py", (), ("--speculative-config",)))),
+        Row("n-gram lookup (`minivllm/spec_decode/ngram.py`)",
+            "`NgramProposer` in `vllm/v1/spec_decode/ngram_proposer.py` (prompt lookup over the request's "
+            "own tokens, on the CPU)",
+            (Ref("vllm/v1/spec_decode/ngram_proposer.py", ("NgramProposer",)),)),
+        Row("a draft model (`minivllm/spec_decode/draft_model.py`)",
+            "`DraftModelProposer` in `vllm/v1/spec_decode/draft_model.py`, built on `EagleProposer` "
+            "(`vllm/v1/spec_decode/eagle.py`): EAGLE's drafting head reads the target's hidden states "
+            "instead of running a second model",
+            (Ref("vllm/v1/spec_decode/draft_model.py", ("DraftModelProposer",)),
+             Ref("vllm/v1/spec_decode/eagle.py", ("EagleProposer",)))),
+        Row("`rejection.verify` and your `verify_drafts`",
+            "`RejectionSampler` in `vllm/v1/sample/rejection_sampler.py`: the same rule over the whole "
+            "batch, in Triton kernels; the token after a rejection is its \"recovered\" token",
+            (Ref("vllm/v1/sample/rejection_sampler.py", ("RejectionSampler",), ("recovered",)),)),
+        Row("`spec_draft_tokens`, `spec_accepted_tokens`, `spec_acceptance_rate`, `spec_mean_accepted_length`",
+            "`SpecDecodingStats` in `vllm/v1/spec_decode/metrics.py` (`num_draft_tokens`, "
+            "`num_accepted_tokens`, per position), logged as the acceptance rate and mean acceptance length",
+            (Ref("vllm/v1/spec_decode/metrics.py", ("SpecDecodingStats",),
+                 ("num_draft_tokens", "num_accepted_tokens")),)),
+        Row("rolling back rejected drafts (`KVCacheManager.trim`)",
+            "vLLM's scheduler counts only the accepted tokens as computed "
+            "(`Scheduler.update_from_output()` in `vllm/v1/core/sched/scheduler.py` subtracts "
+            "`num_rejected` from `num_computed_tokens`); the rejected drafts' K/V slots are written over "
+            "by the next step",
+            (Ref("vllm/v1/core/sched/scheduler.py", ("Scheduler.update_from_output",),
+                 ("num_computed_tokens -= num_rejected",)),)),
+        Row("`kv_cache_dtype=\"int8\"`",
+            "`CacheConfig.cache_dtype` in `vllm/config/cache.py` (`--kv-cache-dtype`): 8-bit KV as "
+            "`fp8` (`fp8_e4m3`, `fp8_e5m2`) with scales for K and V",
+            (Ref("vllm/config/cache.py", ("CacheConfig",), ("cache_dtype", "fp8_e4m3", "fp8_e5m2")),
+             Ref("vllm/engine/arg_utils.py", (), ("--kv-cache-dtype",)))),
+    ),
 }
 
 

@@ -39,6 +39,9 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.max_model_len = max_model_len
         self.draft = draft
+        # the rejection rule, batched over a step's requests; replaceable (the course plugs a
+        # student's verifier in here), with the signature of rejection.verify
+        self.verify_fn = verify
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
 
     @staticmethod
@@ -123,7 +126,7 @@ class SpeculativeDecoder:
         probs = self.target_probs(logits, entries)
         draft_probs = self._pending_draft_probs(entries, probs)
         uniforms, noise = self.random_numbers(probs, entries)
-        emitted = verify(probs, [d for _, d in entries], draft_probs, uniforms, noise)
+        emitted = self.verify_fn(probs, [d for _, d in entries], draft_probs, uniforms, noise)
         return {req.request_id: toks for (req, _), toks in zip(entries, emitted, strict=True)}, failed
 
     def _pending_draft_probs(self, entries, probs: torch.Tensor) -> torch.Tensor | None:

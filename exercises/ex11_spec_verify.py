@@ -1,0 +1,89 @@
+# This file is generated from solutions/ex11_spec_verify.py by `minivllm course make-exercises`.
+# It is yours: replace each `raise NotImplementedError(...)` with your code, then run
+# `minivllm grade ex11` or `pytest -m ex11`. Stuck? `course.hint("ex11")` in the
+# notebook (or `minivllm hint ex11`) gives a hint, one at a time.
+"""Exercise 11: the verifier of speculative decoding -- many tokens per step, the target's distribution kept.
+
+Notebook: notebooks/11_the_2026_stack.ipynb. Check your work with
+``course.check(course.load("ex11_spec_verify"))`` there, or ``pytest -m ex11``.
+
+A cheap proposer (an n-gram lookup, a small draft model) guesses the next ``k`` tokens of a
+request; the target model then scores all of them in one forward pass, which gives ``k + 1``
+rows of next-token probabilities. Your function decides, from those rows and a handful of random
+numbers, which tokens the request emits this step: some of the guesses, then one token more.
+The notebook builds the idea (section 5); the contract below says what the result must satisfy,
+and how to get there is yours.
+
+Once it passes its checks, ``minivllm.course.verifier.use_verifier(llm, ex.verify_drafts)`` makes
+an ``LLM(speculative_config=...)`` verify every request of every step with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NOTEBOOK = "notebooks/11_the_2026_stack.ipynb"
+
+
+def verify_drafts(
+    target_probs: torch.Tensor,
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
+    noise: torch.Tensor,
+) -> list[int]:
+    """The tokens one request emits in a speculative step: a prefix of its drafts, then one more.
+
+    Inputs, for one request with ``k = len(draft_tokens)`` drafts (``k >= 0``) and a vocabulary
+    of ``V`` tokens:
+
+    * ``target_probs`` ``[k + 1, V]``: row ``i`` is ``p_i``, the target model's distribution of
+      the token that follows the request's tokens and the drafts ``d_1 .. d_i`` (row 0 follows
+      the request alone; row ``k`` follows all the drafts). Rows are non-negative and sum to 1;
+      some entries may be exactly 0 (top-k, top-p, greedy).
+    * ``draft_tokens``: ``d_1 .. d_k``, token ids in ``[0, V)``.
+    * ``draft_probs`` ``[k, V]`` or ``None``: row ``i`` is ``q_i``, the distribution ``d_{i+1}``
+      was drawn from (a draft model's; ``q_i(d_{i+1}) > 0``). ``None``: the drafts are
+      deterministic guesses (n-gram lookup), as if each ``q_i`` were one-hot at ``d_{i+1}``.
+    * ``uniforms`` ``[k]``: independent ``U(0, 1)`` numbers, ``uniforms[i]`` for the decision on
+      draft ``d_{i+1}``.
+    * ``noise`` ``[k + 1, V]``: independent ``Exp(1)`` numbers, ``noise[i]`` for a token drawn at
+      row ``i``. For any non-negative weights ``w`` over the vocabulary (not all 0),
+      ``argmax(w / noise[i])`` is token ``x`` with probability ``w[x] / w.sum()`` (the
+      exponential race of minivllm's sampler).
+
+    What the result must satisfy (the checks test each):
+
+    1. It is a list of Python ints ``draft_tokens[:a] + [t]`` for some ``0 <= a <= k``.
+    2. **Exactness.** Whatever the drafts are, the emitted tokens are distributed as the target
+       alone would sample them, one at a time: the first emitted token is distributed as
+       ``p_0``; a second one (here, or as the first of the next step) as the target's row that
+       follows the first, and so on. (The drafts drawn from ``q``, or fixed guesses when
+       ``draft_probs`` is None.) A greedy request, whose rows are one-hot, therefore gets
+       exactly the tokens it would get without drafts.
+    3. **As many drafts as that allows.** The number of accepted drafts ``a`` is as large as
+       exactness permits: draft ``d_{i+1}``, reached, is kept with probability
+       ``min(1, p_i(d_{i+1}) / q_i(d_{i+1}))`` (``p_i(d_{i+1})`` for a guess), which is the most
+       any verifier can keep it with and stay exact.
+    4. A token is never emitted from a row that gives it probability 0. If a rejection leaves
+       nothing to draw from (the draft's distribution covers the target's everywhere: only
+       rounding gets there), draw from ``p_i`` itself.
+    5. Deterministic: the result is a function of the arguments alone (no random numbers of
+       your own), and the arguments are left unchanged.
+    6. ``ValueError`` unless ``target_probs`` has ``k + 1`` rows, ``uniforms`` ``k`` entries,
+       ``noise`` the shape of ``target_probs`` and ``draft_probs`` (when given) ``k`` rows.
+
+    Worked example (``V = 3``, ``k = 2``; any ``noise``)::
+
+        target_probs = [[0.5, 0.3, 0.2], [0.0, 0.4, 0.6], [0.2, 0.2, 0.6]]
+        draft_tokens = [0, 1]
+        draft_probs  = [[0.4, 0.4, 0.2], [0.0, 0.8, 0.2]]
+        uniforms     = [0.9, 0.7]
+        -> [0, 2]
+
+    Draft 0 is kept whatever its uniform: the target likes it more than the draft did (0.5 >=
+    0.4). Draft 1 is kept with probability 0.4 / 0.8 = 0.5, and a uniform of 0.7 rejects it; the
+    token emitted in its place can only be 2, since the draft's guesses already account for all
+    of the target's mass on tokens 0 and 1 at that row.
+    """
+    raise NotImplementedError("ex11 verify_drafts: The tokens one request emits in a speculative step: a prefix of its drafts, then one more. Yours to write; stuck? course.hint('ex11') (notebooks/11_the_2026_stack.ipynb)")
