@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import minivllm  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.attention import torch_ragged  # noqa: E402
 
 CONFIGS = {
     "none": None,
@@ -37,7 +38,11 @@ CONFIGS = {
     "draft k=2": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 2},
     "draft k=4": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4},
     "draft k=8": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 8},
+    # the same, with verification rows attended one sequence at a time (as prompts are) instead
+    # of batched like decodes: what the ragged backend's batching of short queries buys
+    "draft k=4, unbatched": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4},
 }
+UNBATCHED = ", unbatched"
 
 
 def story_prompts(n: int, words: int = 12) -> list[str]:
@@ -94,12 +99,17 @@ def measure(configs: dict = CONFIGS, requests: int = 48, batch1_requests: int = 
     for llm in engines.values():  # warm-up
         llm.generate(prompts[:4], params, use_tqdm=False)
     walls = {(name, load): [] for name in engines for load in loads}
+    batched = torch_ragged.MAX_BATCHED_QUERY_LEN
     figures: dict = {name: {} for name in engines}
     reference: dict = {}
     for _ in range(rounds):
         for load, (batch, one) in loads.items():
             for name, llm in engines.items():
-                tokens, wall, summary = run(llm, batch, params, one, timers[name])
+                torch_ragged.MAX_BATCHED_QUERY_LEN = 1 if name.endswith(UNBATCHED) else batched
+                try:
+                    tokens, wall, summary = run(llm, batch, params, one, timers[name])
+                finally:
+                    torch_ragged.MAX_BATCHED_QUERY_LEN = batched
                 if name == "none":
                     reference[load] = tokens
                 elif tokens != reference[load]:

@@ -410,7 +410,8 @@ def test_metrics_are_valid_prometheus_text(mode_server):
         "minivllm_num_preemptions": "counter", "minivllm_prompt_tokens": "counter",
         "minivllm_generation_tokens": "counter", "minivllm_request_success": "counter",
         "minivllm_request_failure": "counter", "minivllm_request_rejected": "counter",
-        "minivllm_engine_steps": "counter", "minivllm_time_to_first_token_seconds": "histogram",
+        "minivllm_engine_steps": "counter", "minivllm_spec_decode_num_draft_tokens": "counter",
+        "minivllm_spec_decode_num_accepted_tokens": "counter", "minivllm_time_to_first_token_seconds": "histogram",
         "minivllm_inter_token_latency_seconds": "histogram", "minivllm_e2e_request_latency_seconds": "histogram",
         "minivllm_iteration_batch_size": "histogram",
     }
@@ -629,3 +630,20 @@ def test_a_second_signal_aborts_at_once_ends_streams_with_done_and_exits_non_zer
         assert time.monotonic() - signalled < 60, "the second signal must not wait for the drain"
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+
+
+def test_a_speculative_server_streams_the_same_text_and_counts_its_drafts(reference):
+    """``--speculative-config``: a step may deliver several tokens of a request at once; the
+    stream still adds up to the same greedy text, and /metrics counts drafts and acceptances."""
+    draft = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3}
+    with serve(speculative_config=draft, **ENGINE_ARGS) as srv:
+        spec_client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        for prompt in PROMPTS[:2]:
+            chunks = list(spec_client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
+                                                         stream=True))
+            want = reference.generate([prompt], greedy(40), use_tqdm=False)[0].outputs[0].text
+            assert "".join(c.choices[0].text for c in chunks) == want
+        text = httpx.get(srv.url + "/metrics", timeout=10).text
+    drafts = float(re.search(r"^\S*spec_decode_num_draft_tokens\S* (\S+)$", text, re.M).group(1))
+    accepted = float(re.search(r"^\S*spec_decode_num_accepted_tokens\S* (\S+)$", text, re.M).group(1))
+    assert drafts > 0 and 0 < accepted <= drafts

@@ -90,7 +90,8 @@ def step_summary(core: EngineCore, steps_before: int) -> StepSummary | None:
     if stats.num_steps == steps_before or not stats.steps:
         return None
     s = stats.steps[-1]
-    return StepSummary(s.num_batched_seqs, s.num_preemptions, s.prefix_cache_queries, s.prefix_cache_hits)
+    return StepSummary(s.num_batched_seqs, s.num_preemptions, s.prefix_cache_queries, s.prefix_cache_hits,
+                       s.num_draft_tokens, s.num_accepted_tokens)
 
 
 class EngineCoreLoop:

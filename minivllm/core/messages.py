@@ -128,6 +128,8 @@ class StepSummary:
     num_preemptions: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # ... and found there
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified ...
+    num_accepted_tokens: int = 0  # ... and accepted
 
 
 @dataclass(slots=True)

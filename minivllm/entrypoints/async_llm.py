@@ -398,6 +398,9 @@ class AsyncLLM:
                 m.steps.inc()
                 m.batch_size.observe(step.num_batched_seqs)
                 m.preemptions.inc(step.num_preemptions)
+                if step.num_draft_tokens:
+                    m.spec_drafts.inc(step.num_draft_tokens)
+                    m.spec_accepted.inc(step.num_accepted_tokens)
                 self._prefix[0] += step.prefix_cache_queries
                 self._prefix[1] += step.prefix_cache_hits
                 if self._prefix[0]:

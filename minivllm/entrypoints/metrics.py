@@ -168,6 +168,8 @@ class ServerMetrics:
         self.failed = Counter("request_failure", "Requests failed by an engine error (once per request).")
         self.rejected = Counter("request_rejected", "Requests refused at the door, by reason.", "reason")
         self.steps = Counter("engine_steps", "Engine steps run.")
+        self.spec_drafts = Counter("spec_decode_num_draft_tokens", "Speculative drafts verified.")
+        self.spec_accepted = Counter("spec_decode_num_accepted_tokens", "Speculative drafts the target accepted.")
         self.ttft = Histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
         self.itl = Histogram(
             "inter_token_latency_seconds", "Gap between consecutive token deliveries of a request.", ITL_BUCKETS
@@ -179,7 +181,7 @@ class ServerMetrics:
         self._all = [
             self.running, self.waiting, self.kv_usage, self.prefix_hit_rate, self.preemptions,
             self.prompt_tokens, self.generation_tokens, self.finished, self.failed, self.rejected,
-            self.steps, self.ttft, self.itl, self.e2e, self.batch_size,
+            self.steps, self.spec_drafts, self.spec_accepted, self.ttft, self.itl, self.e2e, self.batch_size,
         ]
 
     @property
