@@ -178,11 +178,17 @@ def test_speculation_in_the_engine_core_process_streams_the_same_tokens(referenc
         llm.shutdown()
 
 
+def period_id(llm) -> int:
+    return llm.engine.tokenize(" ran home.")[1][-1]
+
+
 def test_requests_that_want_logprobs_or_stop_strings_get_the_same_answer():
     base, spec = LLM(TINY), LLM(TINY, speculative_config=NGRAM)
     for params in (SamplingParams(temperature=0, max_tokens=40, logprobs=2),
                    SamplingParams(temperature=0, max_tokens=60, stop=["ball"]),
                    SamplingParams(temperature=0, max_tokens=7),
+                   SamplingParams(temperature=0, max_tokens=60, min_tokens=45),  # EOS drafts rejected
+                   SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[period_id(base)]),
                    SamplingParams(temperature=0, max_tokens=40, n=2)):
         a = base.generate(PROMPTS[1:3], params, use_tqdm=False)
         b = spec.generate(PROMPTS[1:3], params, use_tqdm=False)
@@ -192,6 +198,29 @@ def test_requests_that_want_logprobs_or_stop_strings_get_the_same_answer():
             assert [c.finish_reason for c in x.outputs] == [c.finish_reason for c in y.outputs]
             if params.logprobs:
                 assert len(y.outputs[0].logprobs) == len(y.outputs[0].token_ids)
+
+
+def test_a_failing_draft_model_fails_no_request(reference_outputs, caplog):
+    """Drafts only change how many tokens a step gains: if the draft model raises, the requests
+    go on without drafts and their tokens are the same."""
+    params, ref = reference_outputs
+    llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3})
+    draft = llm.engine._built.runner.speculative.draft
+    calls = {"n": 0}
+    real = draft.propose
+
+    def flaky(items):
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            raise RuntimeError("the draft model broke")
+        return real(items)
+
+    draft.propose = flaky
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [ref[p] for p in PROMPTS]
+    assert "the draft model failed" in caplog.text
+    assert llm.stats().summary()["spec_accepted_tokens"] > 0
+    assert_idle_and_empty(llm)
 
 
 # --- the engine: the target's distribution at temperature > 0 -------------------------------------
