@@ -129,9 +129,13 @@ class DraftModelProposer:
     def _draw(self, q: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:
         """One token per row from ``q`` by the exponential race; a seeded request's noise comes
         from its seed, its output length and the draft position."""
-        noise = torch.empty_like(q)
+        if all(r.sampling_params.greedy for r in requests):  # q is one-hot: its argmax is the draw
+            return q.argmax(dim=-1)
+        noise = torch.ones_like(q)
         for i, r in enumerate(requests):
             seed = r.sampling_params.seed
+            if r.sampling_params.greedy:
+                continue
             if seed is None:
                 noise[i].exponential_(generator=self.sampler._default_generator(q.device))
             else:
