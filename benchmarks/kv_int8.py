@@ -14,7 +14,10 @@ On the tiny model and on a random-weight Qwen3-shaped model (head_dim 128, GQA, 
     ``scripts/train_tiny_model.py``, documents of the training set removed) through the engine's
     ``prompt_logprobs``, in chunks, so that later chunks read the cache;
 (d) capacity at equal memory: the same ``kv_cache_memory`` for both caches, many requests with
-    long outputs: KV blocks, peak running requests, preemptions, output tokens/s.
+    long outputs: KV blocks, peak running requests, preemptions, output tokens/s;
+(e) where the scale lives: the real K/V the float32 cache holds after a trace, rounded to 8 bits
+    with one scale per token and KV head (the format) and with one per block and KV head (the
+    alternative), relative error of each.
 
     python benchmarks/kv_int8.py            # the figures in docs/benchmarks.md, "8-bit KV cache"
     python benchmarks/kv_int8.py --quick    # a smaller trace (about a minute)
@@ -191,6 +194,29 @@ def capacity(model: str, memory: int, requests: int, prompt_len: int, output_len
     return rows
 
 
+def scale_granularity(model: str, prompts: list[list[int]], new_tokens: int, block_size: int = 16) -> dict:
+    """(e): relative RMS error of the K and V a float32 cache holds after a trace, rounded to
+    8 bits with a scale per token and KV head, and with a scale per block and KV head."""
+    from minivllm.attention.kv_quant import round_trip
+
+    llm = engine(model, "auto", max_model_len=1024, num_kv_blocks=512, block_size=block_size,
+                 enable_prefix_caching=False)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
+    errors: dict = {"per token": [0.0, 0.0], "per block": [0.0, 0.0]}  # squared error, squared norm
+    for k_cache, v_cache in llm.engine._built.runner.kv_caches:
+        for cache in (k_cache, v_cache):
+            # blocks the trace wrote (a freed block keeps its values; unused ones are all zero)
+            used = cache[cache.abs().flatten(1).amax(1) > 0].double()  # [n, block_size, KVH, D]
+            norm = float((used**2).sum())
+            token = round_trip(used.float()).double()
+            scale = used.abs().amax(dim=(1, 3), keepdim=True) / 127  # one per block and KV head
+            block = (used / scale.clamp(min=1e-30)).round().clamp(-127, 127) * scale
+            for name, approx in (("per token", token), ("per block", block)):
+                errors[name][0] += float(((approx - used) ** 2).sum())
+                errors[name][1] += norm
+    return {name: math.sqrt(e / n) for name, (e, n) in errors.items()}
+
+
 def measure(quick: bool = False, chunk: int = 16, seed: int = 0, qwen3: bool = True) -> dict:
     """Every figure of the benchmark as a dict: ``{"logit_error": {model: ...}, "hf_agreement":
     ..., "perplexity": ..., "capacity": {model: ...}}``."""
@@ -213,6 +239,9 @@ def measure(quick: bool = False, chunk: int = 16, seed: int = 0, qwen3: bool = T
             result["logit_error"][name] = logit_error(path, prompts, new_tokens, chunk)
         result["hf_agreement"] = hf_agreement(tiny_prompts, new_tokens)
         result["perplexity"] = perplexity(stories, 4 * chunk)
+        result["scale_granularity"] = {name: scale_granularity(path, tiny_prompts if name == "tiny" else
+                                                               random_prompts(n_prompts, vocab, seed), new_tokens)
+                                       for name, path in models.items()}
         result["capacity"] = {}
         for name, path in models.items():
             cfg = ModelConfig.from_file(path)
@@ -268,6 +297,14 @@ def print_tables(r: dict) -> None:
               f"{q['mean_running']:.2f}x | | {q['output_tok_s']:.2f}x |")
 
 
+def print_granularity(r: dict) -> None:
+    print("\n(e) where the scale lives: relative RMS error of the cached K and V rounded to 8 bits\n")
+    print("| model | a scale per token and KV head | a scale per block (16 tokens) and KV head | ratio |")
+    print("|---|---:|---:|---:|")
+    for name, g in r["scale_granularity"].items():
+        print(f"| {name} | {g['per token']:.4f} | {g['per block']:.4f} | {g['per block'] / g['per token']:.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller trace")
@@ -280,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = measure(quick=args.quick, chunk=args.chunk, qwen3=not args.no_qwen3)
     print_tables(result)
+    print_granularity(result)
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
