@@ -314,6 +314,14 @@ MUTANTS = [
     ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]", "return kept"),  # no bonus
     ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]",
      "return kept + [int(torch.argmax(target_probs[k - 1] / noise[k]))]"),  # the bonus from the row before
+    # exact but wasteful: never keeps a draft, always draws from p (the law of the drafts kept is not the best)
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if False:"),  # with the residual max(p - q, 0): every token from the residual
+    ("ex11_spec_verify", "        if float(uniforms[i]) * q_token < p_token:",
+     "        return kept + [int(torch.argmax(p_row / noise[i]))]\n        if False:"),
+    # kept half as often as the best exact rule allows (the residual then no longer fills the gap)
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if float(uniforms[i]) * q_token < p_token / 2:"),
     # ex06: the online softmax without rescaling what was accumulated under the old maximum
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),
