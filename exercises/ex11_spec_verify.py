@@ -39,51 +39,45 @@ def verify_drafts(
 
     * ``target_probs`` ``[k + 1, V]``: row ``i`` is ``p_i``, the target model's distribution of
       the token that follows the request's tokens and the drafts ``d_1 .. d_i`` (row 0 follows
-      the request alone; row ``k`` follows all the drafts). Rows are non-negative and sum to 1;
-      some entries may be exactly 0 (top-k, top-p, greedy).
+      the request alone; row ``k`` follows all the drafts). Rows are non-negative and sum to 1
+      up to rounding; some entries may be exactly 0 (top-k, top-p, greedy).
     * ``draft_tokens``: ``d_1 .. d_k``, token ids in ``[0, V)``.
     * ``draft_probs`` ``[k, V]`` or ``None``: row ``i`` is ``q_i``, the distribution ``d_{i+1}``
       was drawn from (a draft model's; ``q_i(d_{i+1}) > 0``). ``None``: the drafts are
-      deterministic guesses (n-gram lookup), as if each ``q_i`` were one-hot at ``d_{i+1}``.
-    * ``uniforms`` ``[k]``: independent ``U(0, 1)`` numbers, ``uniforms[i]`` for the decision on
-      draft ``d_{i+1}``.
-    * ``noise`` ``[k + 1, V]``: independent ``Exp(1)`` numbers, ``noise[i]`` for a token drawn at
-      row ``i``. For any non-negative weights ``w`` over the vocabulary (not all 0),
+      deterministic guesses (an n-gram lookup), not drawn from any distribution you are given.
+
+    The random numbers, which are all the randomness the function may use:
+
+    * ``uniforms`` ``[k]``: independent numbers uniform on ``[0, 1)``; ``uniforms[i]`` is meant
+      for the decision on draft ``d_{i+1}``.
+    * ``noise`` ``[k + 1, V]``: independent ``Exp(1)`` numbers; ``noise[i]`` is meant for a token
+      drawn at row ``i``. For any non-negative weights ``w`` over the vocabulary (not all 0),
       ``argmax(w / noise[i])`` is token ``x`` with probability ``w[x] / w.sum()`` (the
-      exponential race of minivllm's sampler).
+      exponential race of minivllm's sampler; the notebook measures it).
 
     What the result must satisfy (the checks test each):
 
-    1. It is a list of Python ints ``draft_tokens[:a] + [t]`` for some ``0 <= a <= k``.
-    2. **Exactness.** Whatever the drafts are, the emitted tokens are distributed as the target
-       alone would sample them, one at a time: the first emitted token is distributed as
-       ``p_0``; a second one (here, or as the first of the next step) as the target's row that
-       follows the first, and so on. (The drafts drawn from ``q``, or fixed guesses when
-       ``draft_probs`` is None.) A greedy request, whose rows are one-hot, therefore gets
-       exactly the tokens it would get without drafts.
-    3. **As many drafts as that allows.** The number of accepted drafts ``a`` is as large as
-       exactness permits: draft ``d_{i+1}``, reached, is kept with probability
-       ``min(1, p_i(d_{i+1}) / q_i(d_{i+1}))`` (``p_i(d_{i+1})`` for a guess), which is the most
-       any verifier can keep it with and stay exact.
-    4. A token is never emitted from a row that gives it probability 0. If a rejection leaves
-       nothing to draw from (the draft's distribution covers the target's everywhere: only
-       rounding gets there), draw from ``p_i`` itself.
-    5. Deterministic: the result is a function of the arguments alone (no random numbers of
-       your own), and the arguments are left unchanged.
-    6. ``ValueError`` unless ``target_probs`` has ``k + 1`` rows, ``uniforms`` ``k`` entries,
-       ``noise`` the shape of ``target_probs`` and ``draft_probs`` (when given) ``k`` rows.
+    1. **Shape.** A list of Python ints ``draft_tokens[:a] + [t]`` for some ``0 <= a <= k``:
+       ``a`` drafts kept, then one token more.
+    2. **Exactness.** Whatever the drafts are (drawn from any ``q``, or fixed guesses), the
+       emitted tokens are distributed as the target alone would sample them, one at a time: the
+       first emitted token as ``p_0``; a second one (here, or as the first of the next step) as
+       the target's row that follows the first, and so on. In particular no token is ever
+       emitted from a row that gives it probability 0, whatever the random numbers and whatever
+       rounding does to the arithmetic.
+    3. **Optimality.** Drafts are kept as often as exactness allows: the law of ``a`` must be
+       the best any exact verifier can reach for these distributions (the checks compare it with
+       that best law). Finding how often that is, and a rule that reaches it, is the exercise.
+    4. **Determinism.** The result is a function of the arguments alone (no random numbers of
+       your own), and the arguments are left unchanged. ``ValueError`` unless ``target_probs``
+       has ``k + 1`` rows, ``uniforms`` ``k`` entries, ``noise`` the shape of ``target_probs``
+       and ``draft_probs`` (when given) ``k`` rows.
 
-    Worked example (``V = 3``, ``k = 2``; any ``noise``)::
+    Worked example (``V = 3``, ``k = 2``; the same result for any ``uniforms`` and ``noise``)::
 
         target_probs = [[0.5, 0.3, 0.2], [0.0, 0.4, 0.6], [0.2, 0.2, 0.6]]
-        draft_tokens = [0, 1]
-        draft_probs  = [[0.4, 0.4, 0.2], [0.0, 0.8, 0.2]]
-        uniforms     = [0.9, 0.7]
+        draft_tokens = [0, 0]
+        draft_probs  = [[0.4, 0.4, 0.2], [0.4, 0.4, 0.2]]
         -> [0, 2]
-
-    Draft 0 is kept whatever its uniform: the target likes it more than the draft did (0.5 >=
-    0.4). Draft 1 is kept with probability 0.4 / 0.8 = 0.5, and a uniform of 0.7 rejects it; the
-    token emitted in its place can only be 2, since the draft's guesses already account for all
-    of the target's mass on tokens 0 and 1 at that row.
     """
     raise NotImplementedError("ex11 verify_drafts: The tokens one request emits in a speculative step: a prefix of its drafts, then one more. Yours to write; stuck? course.hint('ex11') (notebooks/11_the_2026_stack.ipynb)")

@@ -150,6 +150,24 @@ def test_names_resolve_and_unknown_names_fail():
         course.loader.resolve_name("ex77")
 
 
+def test_a_copy_missing_one_file_on_either_side_lists_every_exercise(tmp_path, monkeypatch):
+    """The list is the union of solutions/ and exercises/: a copy without the reference
+    ex11 (or without the student's ex10) still lists and loads the exercise it has."""
+    for folder in ("solutions", "exercises"):
+        (tmp_path / folder).mkdir()
+        for name in NAMES:
+            (tmp_path / folder / f"{name}.py").write_text((ROOT / folder / f"{name}.py").read_text())
+    (tmp_path / "solutions" / "ex11_spec_verify.py").unlink()
+    (tmp_path / "exercises" / "ex10_costs.py").unlink()
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(tmp_path))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+    assert course.exercise_names() == NAMES
+    assert course.load("ex11").__course_source__ == "exercises"
+    assert course.load("ex10", solutions=True).__course_source__ == "solutions"
+    with pytest.raises(FileNotFoundError, match="no reference solution for ex11_spec_verify"):
+        course.load("ex11", solutions=True)
+
+
 def test_load_gives_a_fresh_module_each_time():
     a, b = course.load("ex00", solutions=True), course.load("ex00", solutions=True)
     assert a is not b and a.kv_bytes_per_token is not b.kv_bytes_per_token
@@ -314,6 +332,14 @@ MUTANTS = [
     ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]", "return kept"),  # no bonus
     ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]",
      "return kept + [int(torch.argmax(target_probs[k - 1] / noise[k]))]"),  # the bonus from the row before
+    # exact but wasteful: never keeps a draft, always draws from p (the law of the drafts kept is not the best)
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if False:"),  # with the residual max(p - q, 0): every token from the residual
+    ("ex11_spec_verify", "        if float(uniforms[i]) * q_token < p_token:",
+     "        return kept + [int(torch.argmax(p_row / noise[i]))]\n        if False:"),
+    # kept half as often as the best exact rule allows (the residual then no longer fills the gap)
+    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
+     "if float(uniforms[i]) * q_token < p_token / 2:"),
     # ex06: the online softmax without rescaling what was accumulated under the old maximum
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),

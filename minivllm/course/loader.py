@@ -48,10 +48,11 @@ def has_solutions(root: Path | None = None) -> bool:
 
 
 def exercise_names(root: Path | None = None) -> list[str]:
-    """Every exercise, in order: the reference files ``solutions/exNN_*.py``, or, in a copy
-    without them, the student's ``exercises/exNN_*.py``."""
+    """Every exercise, in order: those of ``solutions/exNN_*.py`` and of ``exercises/exNN_*.py``
+    together, so that a copy of the course that lacks one reference file (or holds
+    ``exercises/`` alone) still lists every exercise it has."""
     root = root or course_root()
-    return _names_in(root / "solutions") or _names_in(root / "exercises")
+    return sorted(set(_names_in(root / "solutions")) | set(_names_in(root / "exercises")))
 
 
 def _names_in(folder: Path) -> list[str]:
@@ -85,8 +86,12 @@ def load(name: str, solutions: bool | None = None, root: Path | None = None) -> 
     folder = "solutions" if (use_solutions() if solutions is None else solutions) else "exercises"
     path = root / folder / f"{name}.py"
     if not path.is_file():
-        fix = ("this copy of the course has no reference solutions" if folder == "solutions"
-               else "run `minivllm course make-exercises`")
+        if folder == "exercises":
+            fix = "run `minivllm course make-exercises`"
+        elif has_solutions(root):
+            fix = f"this copy of the course has no reference solution for {name}"
+        else:
+            fix = "this copy of the course has no reference solutions"
         raise FileNotFoundError(f"{path} does not exist; {fix}")
     return load_path(path, name, folder)
 
