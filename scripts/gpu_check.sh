@@ -109,7 +109,7 @@ declare -A LIMIT NEEDS CMD
 LIMIT[env]=20;         NEEDS[env]="gpu"
 LIMIT[kernels]=120;    NEEDS[kernels]="gpu triton pytest hypothesis minivllm"
 LIMIT[ex06]=45;        NEEDS[ex06]="gpu triton pytest hypothesis minivllm"
-LIMIT[engine]=85;      NEEDS[engine]="gpu triton pytest transformers minivllm"
+LIMIT[engine]=80;      NEEDS[engine]="gpu triton pytest transformers minivllm"
 LIMIT[attn_bench]=60;  NEEDS[attn_bench]="gpu triton minivllm"
 LIMIT[throughput]=45;  NEEDS[throughput]="gpu transformers minivllm"
 LIMIT[notebooks]=110;  NEEDS[notebooks]="gpu triton pytest nbval ipykernel matplotlib ipywidgets transformers minivllm"

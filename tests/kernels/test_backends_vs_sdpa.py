@@ -205,12 +205,19 @@ def test_ragged_plan_is_built_once_per_step():
     plan = step.meta.backend_cache["torch_ragged"]
     backend.forward(step.query, step.key, step.value, k_cache, v_cache, step.meta, step.scale)
     assert step.meta.backend_cache["torch_ragged"] is plan
-    assert len(plan.prefills) == 4
+    # one sequence at a time: the 17-token prompt (rows 1..17) and the 33-token chunk (rows 25..57)
+    assert [(p.start, p.stop) for p in plan.prefills] == [(1, 18), (25, 58)]
     # decode sequences of 41, 16, 1, 64 tokens (rows 0, 18, 24, 58): buckets within a factor of
     # 1.5, each gathering keys up to its own longest sequence, not the step's longest
-    assert [b.token_rows.tolist() for b in plan.decode] == [[24], [18], [0], [58]]
-    assert [b.key_bias.shape[-1] for b in plan.decode] == [1, 16, 41, 64]
-    assert [tuple(b.key_slots.shape) for b in plan.decode] == [(1, 1), (1, 16), (1, 41), (1, 64)]
+    decodes = [b for b in plan.decode if b.query_len == 1]
+    assert [b.token_rows.tolist() for b in decodes] == [[24], [18], [0], [58]]
+    assert [b.key_bias.shape[-1] for b in decodes] == [1, 16, 41, 64]
+    assert [tuple(b.key_slots.shape) for b in decodes] == [(1, 1), (1, 16), (1, 41), (1, 64)]
+    # a few new tokens over a context (5 after 27, 2 after 30) are batched like decodes, with a
+    # causal mask row per new token: [sequences, 1, new tokens, keys]
+    short = [b for b in plan.decode if b.query_len > 1]
+    assert [(b.query_len, b.token_rows.tolist(), list(b.key_bias.shape)) for b in short] == [
+        (2, [59, 60], [1, 1, 2, 32]), (5, [19, 20, 21, 22, 23], [1, 1, 5, 32])]
 
 
 def test_decode_bucket_reads_only_owned_slots():
