@@ -9,8 +9,8 @@ step from its tokens as they will be once the scheduler has appended this step's
 lookup or with the draft model.
 
 Which requests speculate: every request that samples, except those that want log-probabilities
-of their tokens (they decode one token per step). The scheduler keeps no drafts for requests
-that share blocks after a fork (``n > 1``, beam search).
+of their tokens (they decode one token per step; beam search asks for them). Parallel samples
+(``n > 1``) speculate too: copy-on-write copies the draft model's blocks with the target's.
 """
 
 from __future__ import annotations
