@@ -378,3 +378,19 @@ def test_the_triton_kernels_verify_drafts_like_the_torch_backend():
         results[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.stats().summary()["spec_accepted_tokens"] > 0
     assert results["triton"] == results["torch"]
+
+
+def test_parallel_samples_speculate_with_a_draft_model(reference_outputs):
+    """n > 1 forks share blocks copy-on-write; the draft model's K/V is copied with the target's.
+    Greedy samples all equal the greedy answer; sampled ones finish with their lengths."""
+    params, ref = reference_outputs
+    llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3},
+              debug_checks=True, block_size=4)
+    greedy = SamplingParams(temperature=0, max_tokens=80, n=3)
+    for out in llm.generate(PROMPTS[:2], greedy, use_tqdm=False):
+        assert [c.token_ids for c in out.outputs] == [ref[out.prompt]] * 3
+    sampled = SamplingParams(temperature=1.0, max_tokens=30, n=4, seed=5, ignore_eos=True)
+    outs = llm.generate(PROMPTS[:2], sampled, use_tqdm=False)
+    assert all(len(c.token_ids) == 30 for o in outs for c in o.outputs)
+    assert llm.stats().summary()["spec_accepted_tokens"] > 0
+    assert_idle_and_empty(llm)
