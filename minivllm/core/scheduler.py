@@ -290,8 +290,7 @@ class Scheduler(SchedulerBase):
             if drafts:  # speculative decoding: verify the drafts in the same pass
                 req.spec_token_ids = []
                 drafts = drafts[: budget - num_new] if num_new == 1 else []
-            block_ids = allocate(req, num_new + len(drafts), (), lookahead) if lookahead else allocate(
-                req, num_new + len(drafts))
+            block_ids = allocate(req, num_new + len(drafts), (), lookahead)
             if block_ids is None:
                 block_ids, budget = self._make_room(req, num_new + len(drafts), out, budget)
                 if block_ids is None:
@@ -317,9 +316,7 @@ class Scheduler(SchedulerBase):
             budget += self._preempt(victim, out)
             if victim is req:
                 return None, budget
-            lookahead = self.config.num_lookahead_tokens
-            block_ids = (self.kv.allocate_slots(req, num_new, (), lookahead) if lookahead
-                         else self.kv.allocate_slots(req, num_new))
+            block_ids = self.kv.allocate_slots(req, num_new, (), self.config.num_lookahead_tokens)
             if block_ids is not None:
                 return block_ids, budget
 
@@ -337,8 +334,7 @@ class Scheduler(SchedulerBase):
                 if not cfg.enable_chunked_prefill:
                     break
                 num_new = budget
-            block_ids = (self.kv.allocate_slots(req, num_new, hit_blocks, cfg.num_lookahead_tokens)
-                         if cfg.num_lookahead_tokens else self.kv.allocate_slots(req, num_new, hit_blocks))
+            block_ids = self.kv.allocate_slots(req, num_new, hit_blocks, cfg.num_lookahead_tokens)
             if block_ids is None:
                 freed = self._preempt_for(req, out, admitted)
                 if freed is None:
