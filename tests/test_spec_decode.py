@@ -394,3 +394,27 @@ def test_parallel_samples_speculate_with_a_draft_model(reference_outputs):
     assert all(len(c.token_ids) == 30 for o in outs for c in o.outputs)
     assert llm.stats().summary()["spec_accepted_tokens"] > 0
     assert_idle_and_empty(llm)
+
+
+def test_non_finite_logits_fail_only_their_request():
+    """A NaN or inf in one request's verification rows fails that request; the others of the
+    step are verified as usual."""
+    from minivllm.engine.sampler import Sampler
+    from minivllm.request import Request
+    from minivllm.spec_decode.decoder import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(SpeculativeConfig.parse(NGRAM), Sampler(seed=0), max_model_len=64)
+    reqs = [Request(f"r{i}", [1, 5, 6], SamplingParams(temperature=0, max_tokens=8)) for i in range(3)]
+    drafts = [[7, 8], [9], [4, 4, 4]]
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), 32, generator=torch.Generator().manual_seed(0))
+    logits[3, 5] = float("nan")  # r1's first row
+    logits[4, :] = float("-inf")  # r1's bonus row: no token possible
+    emitted, failed = decoder.verify(logits, list(zip(reqs, drafts, strict=True)))
+    assert set(failed) == {"r1"} and "non-finite" in failed["r1"]
+    assert set(emitted) == {"r0", "r2"}
+    argmax = logits.argmax(dim=1).tolist()
+    for rid, start, d in (("r0", 0, drafts[0]), ("r2", 5, drafts[2])):
+        a = 0
+        while a < len(d) and d[a] == argmax[start + a]:
+            a += 1
+        assert emitted[rid] == [*d[:a], argmax[start + a]]
