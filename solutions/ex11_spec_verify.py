@@ -133,7 +133,8 @@ def verify_step(
         kept = has_draft & (uniforms < p_draft)
         leftover = target_probs.scatter(1, index, 0.0)
     else:
-        kept = has_draft & (uniforms * draft_probs.gather(1, index)[:, 0] < p_draft)
+        q_draft = draft_probs.gather(1, index)[:, 0]
+        kept = has_draft & (uniforms * q_draft < p_draft)
         leftover = (target_probs - draft_probs).clamp(min=0.0)
     # the token each row would emit if the step ended there: the leftover's draw after a
     # rejection, p's own at a request's last row, and p's as well where rounding left nothing
