@@ -143,8 +143,9 @@ def verify_step(
     ending = (weights / noise).argmax(dim=1)
     # each request's step ends at its first row that is not kept (its last row, at the latest):
     # the smallest such row number among the request's rows
-    owner = torch.repeat_interleave(torch.arange(len(starts), device=device),
-                                    torch.tensor([len(d) + 1 for d in draft_tokens], device=device))
+    owner = torch.repeat_interleave(torch.arange(len(starts), device=device),  # the request of each row
+                                    torch.tensor([len(d) + 1 for d in draft_tokens], dtype=torch.long, device=device),
+                                    output_size=num_rows)  # its size given: no wait for the device
     rows = torch.arange(num_rows, device=device)
     first = torch.full((len(starts),), num_rows, dtype=torch.long, device=device)
     first = first.scatter_reduce(0, owner, torch.where(kept, num_rows, rows), reduce="amin")

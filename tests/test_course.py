@@ -344,8 +344,8 @@ MUTANTS = [
     # a request whose drafts are all kept takes its last token from the next request's first row
     ("ex11_spec_verify", "torch.where(kept, num_rows, rows)", "torch.where(kept, num_rows, rows + (~has_draft).long())"),
     # rows of one request counted as another's (the requests' row counts in the wrong order)
-    ("ex11_spec_verify", "torch.tensor([len(d) + 1 for d in draft_tokens], device=device)",
-     "torch.tensor([len(d) + 1 for d in draft_tokens[::-1]], device=device)"),
+    ("ex11_spec_verify", "torch.tensor([len(d) + 1 for d in draft_tokens], dtype=torch.long",
+     "torch.tensor([len(d) + 1 for d in draft_tokens[::-1]], dtype=torch.long"),
     # a draft judged at the row after its own (a request's last draft at the next request's first row)
     ("ex11_spec_verify", "proposed = torch.tensor(flat, dtype=torch.long, device=device)",
      "proposed = torch.tensor(flat, dtype=torch.long, device=device).roll(1)"),
