@@ -194,6 +194,11 @@ _EX08_COMMIT_TO_FAIL_ROWS = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_COMMIT):
 _EX08_RERAISE = ("            if not isinstance(err, Exception):  # Ctrl-C: the engine is consistent; pass it on\n"
                  "                raise\n")
 
+# ex11's solution lines that several mutants change
+EX11_KEEP = "kept = has_draft & (uniforms * q_draft < p_draft)"
+EX11_LEFT = "leftover = (target_probs - draft_probs).clamp(min=0.0)"
+EX11_LAST = "weights = torch.where(has_draft[:, None], leftover, target_probs)"
+
 MUTANTS = [
     ("ex00_kv_memory", 'config.get("head_dim") or config["hidden_size"] // heads', 'config["hidden_size"] // heads'),
     ("ex00_kv_memory", "return 2 * layers * kv_heads", "return layers * kv_heads"),
@@ -308,38 +313,51 @@ MUTANTS = [
     ("ex10_costs", "gpu_seconds = latency / batch_size", "gpu_seconds = latency"),  # GPU not shared
     ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len, assumptions)"),  # cache not growing
     ("ex10_costs", "batch_size, prompt_len + i, assumptions)", "batch_size, prompt_len + i)"),  # assumptions dropped
-    # ex11: the verifier's plausible slips: the acceptance test, the residual, the bonus token, the rows
-    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
-     "if float(uniforms[i]) * p_token < q_token:"),  # kept with probability min(1, q/p)
-    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:", "if float(uniforms[i]) < p_token:"),  # q ignored
-    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
-     "if float(uniforms[i]) * q_token <= p_token:"),  # a uniform of 0 keeps a draft the target rules out
-    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
-     "if float(uniforms[0]) * q_token < p_token:"),  # one uniform for every draft
-    ("ex11_spec_verify", "q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])",
-     "q_token = 1.0 if draft_probs is None else float(draft_probs[0, token])"),  # q read from row 0
-    ("ex11_spec_verify", "leftover = (p_row - draft_probs[i]).clamp(min=0.0)", "leftover = p_row.clone()"),  # residual p
-    ("ex11_spec_verify", "leftover = (p_row - draft_probs[i]).clamp(min=0.0)", "leftover = p_row - draft_probs[i]"),
-    ("ex11_spec_verify", "leftover = (p_row - draft_probs[i]).clamp(min=0.0)",
-     "leftover = (target_probs[i + 1] - draft_probs[i]).clamp(min=0.0)"),  # residual from the next row
-    ("ex11_spec_verify", "leftover[token] = 0.0", "pass"),  # a guess's residual keeps the guess
-    ("ex11_spec_verify", "if not float(leftover.sum()) > 0.0:", "if False:"),  # an empty residual drawn from
-    ("ex11_spec_verify", "return kept + [int(torch.argmax(leftover / noise[i]))]",
-     "kept.append(int(torch.argmax(leftover / noise[i])))"),  # goes on after a rejection
-    ("ex11_spec_verify", "return kept + [int(torch.argmax(leftover / noise[i]))]", "continue"),  # skips a rejected draft
-    ("ex11_spec_verify", "return kept + [int(torch.argmax(leftover / noise[i]))]",
-     "return kept + [int(torch.argmax(leftover))]"),  # the residual's argmax, not a draw
-    ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]", "return kept"),  # no bonus
-    ("ex11_spec_verify", "return kept + [int(torch.argmax(target_probs[k] / noise[k]))]",
-     "return kept + [int(torch.argmax(target_probs[k - 1] / noise[k]))]"),  # the bonus from the row before
+    # ex11: the verifier's plausible slips: the keep test, the residual, the token after all
+    # drafts; then the whole step's layout (each request's first stop, its own rows), and the
+    # work rule (right answers from a loop that runs tensor operations per row or per request)
+    ("ex11_spec_verify", EX11_KEEP, "kept = has_draft & (uniforms * p_draft < q_draft)"),  # min(1, q/p)
+    ("ex11_spec_verify", EX11_KEEP, "kept = has_draft & (uniforms < p_draft)"),  # q ignored
+    ("ex11_spec_verify", EX11_KEEP, "kept = has_draft & (uniforms * q_draft <= p_draft)"),  # u = 0 keeps p = 0
+    ("ex11_spec_verify", "kept = has_draft & (uniforms < p_draft)", "kept = has_draft & (uniforms <= p_draft)"),
+    ("ex11_spec_verify", EX11_KEEP, "kept = has_draft & (uniforms[0] * q_draft < p_draft)"),  # one uniform
+    ("ex11_spec_verify", EX11_KEEP,
+     "kept = has_draft & (uniforms * draft_probs[0][index[:, 0]] < p_draft)"),  # q read from the step's row 0
+    ("ex11_spec_verify", EX11_LEFT, "leftover = target_probs.clone()"),  # residual p
+    ("ex11_spec_verify", EX11_LEFT, "leftover = target_probs - draft_probs"),  # not clamped
+    ("ex11_spec_verify", EX11_LEFT, "leftover = (target_probs.roll(-1, 0) - draft_probs).clamp(min=0.0)"),  # next row's
+    ("ex11_spec_verify", "leftover = target_probs.scatter(1, index, 0.0)", "leftover = target_probs.clone()"),  # keeps the guess
+    ("ex11_spec_verify", "    weights = torch.where(weights.sum(dim=1, keepdim=True) > 0, weights, target_probs)\n",
+     ""),  # an empty residual drawn from
+    ("ex11_spec_verify", "ending = (weights / noise).argmax(dim=1)", "ending = weights.argmax(dim=1)"),  # argmax, no draw
+    ("ex11_spec_verify", EX11_LAST, "weights = leftover"),  # a request's last row drawn from a residual too
+    ("ex11_spec_verify", EX11_LAST,
+     "weights = torch.where(has_draft[:, None], leftover, target_probs.roll(1, 0))"),  # from the row before
+    ("ex11_spec_verify", 'torch.where(kept, num_rows, rows), reduce="amin")',
+     'torch.where(kept, -1, rows), reduce="amax", include_self=False)'),  # the last stop, not the first
     # exact but wasteful: never keeps a draft, always draws from p (the law of the drafts kept is not the best)
-    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
-     "if False:"),  # with the residual max(p - q, 0): every token from the residual
-    ("ex11_spec_verify", "        if float(uniforms[i]) * q_token < p_token:",
-     "        return kept + [int(torch.argmax(p_row / noise[i]))]\n        if False:"),
+    ("ex11_spec_verify", EX11_KEEP + "\n        " + EX11_LEFT, "kept = has_draft & False\n        leftover = target_probs"),
     # kept half as often as the best exact rule allows (the residual then no longer fills the gap)
-    ("ex11_spec_verify", "if float(uniforms[i]) * q_token < p_token:",
-     "if float(uniforms[i]) * q_token < p_token / 2:"),
+    ("ex11_spec_verify", EX11_KEEP, "kept = has_draft & (uniforms * q_draft < p_draft / 2)"),
+    # the whole step stops at its first rejection: the later requests keep nothing
+    ("ex11_spec_verify", "torch.where(kept, num_rows, rows)", "torch.where(kept.cumprod(0).bool(), num_rows, rows)"),
+    # a request whose drafts are all kept takes its last token from the next request's first row
+    ("ex11_spec_verify", "torch.where(kept, num_rows, rows)", "torch.where(kept, num_rows, rows + (~has_draft).long())"),
+    # rows of one request counted as another's (the requests' row counts in the wrong order)
+    ("ex11_spec_verify", "torch.tensor([len(d) + 1 for d in draft_tokens], dtype=torch.long",
+     "torch.tensor([len(d) + 1 for d in draft_tokens[::-1]], dtype=torch.long"),
+    # a draft judged at the row after its own (a request's last draft at the next request's first row)
+    ("ex11_spec_verify", "proposed = torch.tensor(flat, dtype=torch.long, device=device)",
+     "proposed = torch.tensor(flat, dtype=torch.long, device=device).roll(1)"),
+    # right answers, but a loop over rows (every keep test its own operations), over requests (the
+    # first stop of each found by its own operations), or one transfer per request
+    ("ex11_spec_verify", EX11_KEEP,
+     "kept = torch.stack([has_draft[i] & (uniforms[i] * q_draft[i] < p_draft[i]) for i in range(num_rows)])"),
+    ("ex11_spec_verify", '    first = first.scatter_reduce(0, owner, torch.where(kept, num_rows, rows), reduce="amin")\n',
+     "    first = torch.stack([s + torch.nonzero(~kept[s : s + len(d) + 1])[0, 0] "
+     "for s, d in zip(starts, draft_tokens, strict=True)])\n"),
+    ("ex11_spec_verify", "decided = torch.stack([first - start, ending[first]]).tolist()",
+     "decided = [[int(f - s) for f, s in zip(first, start)], [int(ending[f]) for f in first]]"),
     # ex06: the online softmax without rescaling what was accumulated under the old maximum
     ("ex06_triton_kernel", "acc = acc * alpha[:, None] + tl.dot(p, v", "acc = acc + tl.dot(p, v"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=1)", "denom = denom + tl.sum(p, axis=1)"),

@@ -1,13 +1,11 @@
-"""A per-request verifier of drafts, plugged into the engine's speculative decoding (exercise 11).
+"""A verifier of a step's drafts, plugged into the engine's speculative decoding (exercise 11).
 
 minivllm verifies the drafts of every request of a step in one call,
 ``SpeculativeDecoder.verify_fn(target_probs, draft_tokens, draft_probs, uniforms, noise)``, on
 flat tensors whose rows are each request's ``k + 1`` rows, request after request (the signature
-of :func:`minivllm.spec_decode.rejection.verify`). Exercise 11 writes the rule for *one* request.
-:func:`batched` turns such a function into the batched form: it cuts each request's rows out,
-hands the function copies (so that it cannot change the engine's tensors), and checks that what
-comes back has the contract's shape (a prefix of the drafts, then one token). :func:`use_verifier`
-installs it in an ``LLM`` built with ``speculative_config``.
+of :func:`minivllm.spec_decode.rejection.verify`). Exercise 11's ``verify_step`` has that
+signature, so :func:`use_verifier` installs it as it is; :func:`checked` only checks what comes
+back (one list per request, each a prefix of its drafts then one token) before the engine uses it.
 """
 
 from __future__ import annotations
@@ -16,23 +14,25 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-PerRequestVerifier = Callable[
-    [torch.Tensor, list[int], "torch.Tensor | None", torch.Tensor, torch.Tensor], list[int]
+StepVerifier = Callable[
+    [torch.Tensor, list[list[int]], "torch.Tensor | None", torch.Tensor, torch.Tensor], list[list[int]]
 ]
 
 
 class VerifierOutputError(ValueError):
-    """A verifier returned something that is not ``drafts[:a] + [token]``."""
+    """A verifier returned something that is not, per request, ``drafts[:a] + [token]``."""
 
 
 def check_emitted(emitted: object, drafts: Sequence[int], vocab_size: int) -> list[int]:
-    """``emitted`` as a list of ints, or :class:`VerifierOutputError` saying what is wrong."""
+    """One request's ``emitted`` tokens as a list of ints, or :class:`VerifierOutputError` saying
+    what is wrong."""
     if not isinstance(emitted, (list, tuple)):
-        raise VerifierOutputError(f"a verifier returns a list of token ids, got {type(emitted).__name__}: {emitted!r}")
+        raise VerifierOutputError(f"a request's tokens are a list of token ids, got {type(emitted).__name__}: "
+                                  f"{emitted!r}")
     tokens = list(emitted)
     if not 1 <= len(tokens) <= len(drafts) + 1:
         raise VerifierOutputError(
-            f"with {len(drafts)} drafts a verifier emits between 1 and {len(drafts) + 1} tokens, got "
+            f"with {len(drafts)} drafts a request emits between 1 and {len(drafts) + 1} tokens, got "
             f"{len(tokens)}: {tokens!r}"
         )
     for t in tokens:
@@ -48,8 +48,26 @@ def check_emitted(emitted: object, drafts: Sequence[int], vocab_size: int) -> li
     return tokens
 
 
-def batched(fn: PerRequestVerifier) -> Callable[..., list[list[int]]]:
-    """The batched verifier (``rejection.verify``'s signature) that runs ``fn`` request by request."""
+def check_step(emitted: object, draft_tokens: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    """A step's result (one list per request, in order) checked request by request with
+    :func:`check_emitted`; :class:`VerifierOutputError` names the request that is wrong."""
+    if not isinstance(emitted, (list, tuple)):
+        raise VerifierOutputError(f"a verifier returns one list of token ids per request, got "
+                                  f"{type(emitted).__name__}: {emitted!r}"[:300])
+    if len(emitted) != len(draft_tokens):
+        raise VerifierOutputError(f"a step of {len(draft_tokens)} requests needs {len(draft_tokens)} lists of "
+                                  f"tokens, got {len(emitted)}")
+    out = []
+    for r, (got, drafts) in enumerate(zip(emitted, draft_tokens, strict=True)):
+        try:
+            out.append(check_emitted(got, drafts, vocab_size))
+        except VerifierOutputError as err:
+            raise VerifierOutputError(f"request {r}: {err}") from None
+    return out
+
+
+def checked(fn: StepVerifier) -> StepVerifier:
+    """``fn`` with its result checked by :func:`check_step` on every call."""
 
     def verify_step(
         target_probs: torch.Tensor,
@@ -58,25 +76,14 @@ def batched(fn: PerRequestVerifier) -> Callable[..., list[list[int]]]:
         uniforms: torch.Tensor,
         noise: torch.Tensor,
     ) -> list[list[int]]:
-        num_rows, vocab = target_probs.shape
-        needed = sum(len(d) + 1 for d in draft_tokens)
-        if needed != num_rows:
-            raise ValueError(f"{num_rows} target rows for {len(draft_tokens)} requests needing {needed}")
-        out, row = [], 0
-        for drafts in draft_tokens:
-            k = len(drafts)
-            q = None if draft_probs is None else draft_probs[row : row + k].clone()
-            got = fn(target_probs[row : row + k + 1].clone(), list(drafts), q,
-                     uniforms[row : row + k].clone(), noise[row : row + k + 1].clone())
-            out.append(check_emitted(got, drafts, vocab))
-            row += k + 1
-        return out
+        got = fn(target_probs, draft_tokens, draft_probs, uniforms, noise)
+        return check_step(got, draft_tokens, target_probs.shape[-1])
 
-    verify_step.per_request = fn  # type: ignore[attr-defined]
+    verify_step.unchecked = fn  # type: ignore[attr-defined]
     return verify_step
 
 
-def use_verifier(llm, fn: PerRequestVerifier) -> Callable:
+def use_verifier(llm, fn: StepVerifier) -> Callable:
     """Make ``llm`` (an ``LLM`` built with ``speculative_config``, in this process) verify every
     step's drafts with ``fn``; returns the verifier it replaces (to put back by hand)."""
     engine = getattr(llm, "engine", llm)
@@ -88,5 +95,5 @@ def use_verifier(llm, fn: PerRequestVerifier) -> Callable:
         raise ValueError("this LLM does not speculate: build it with speculative_config="
                          "{'method': 'ngram', 'num_speculative_tokens': 4} (or a draft model)")
     previous = speculative.verify_fn
-    speculative.verify_fn = batched(fn)
+    speculative.verify_fn = checked(fn)
     return previous

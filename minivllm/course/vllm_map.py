@@ -164,7 +164,7 @@ TABLES: dict[str, tuple[Row, ...]] = {
             "instead of running a second model",
             (Ref("vllm/v1/spec_decode/draft_model.py", ("DraftModelProposer",)),
              Ref("vllm/v1/spec_decode/eagle.py", ("EagleProposer",)))),
-        Row("`rejection.verify` and your `verify_drafts`",
+        Row("`rejection.verify` and your `verify_step`",
             "`RejectionSampler` in `vllm/v1/sample/rejection_sampler.py`: the same rule over the whole "
             "batch, in Triton kernels; the token after a rejection is its \"recovered\" token",
             (Ref("vllm/v1/sample/rejection_sampler.py", ("RejectionSampler",), ("recovered",)),)),

@@ -1,8 +1,9 @@
 """Notebook 11's answers: the 2026 stack (speculative decoding, an 8-bit KV cache).
 
 Section 5 builds the verifier's rule in three questions (how often a draft can be kept, what a
-rejection must supply, what changes for a fixed guess); each answer is computed here from the
-notebook's numbers with the budget argument the notebook teaches."""
+rejection must supply, what changes for a fixed guess), each answer computed here from the
+notebook's numbers with the budget argument the notebook teaches; a fourth reads the layout of a
+whole step's rows."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from minivllm.course.answers import question
 
 P_EXAMPLE = (0.5, 0.3, 0.2)  # the target's row in the notebook's puzzle
 Q_EXAMPLE = (0.2, 0.6, 0.2)  # the draft's
-GUESS_EXAMPLE = 1  # the n-gram guess of the last question
+GUESS_EXAMPLE = 1  # the n-gram guess of the third question
+STEP_EXAMPLE = ((5, 7), (), (2,))  # the drafts of the step whose layout the fourth question reads
 
 
 def _fmt(values) -> str:
@@ -70,4 +72,26 @@ def guess(p: tuple[float, ...] = P_EXAMPLE, d: int = GUESS_EXAMPLE) -> str:
         f"{sum(caps):.2f}, so the guess is kept with probability min(1, p(d) / 1) = {p[d]:.2f}. What keeping "
         f"leaves is p with d's entry set to 0, {_fmt(left)}, of total 1 - p(d) = {sum(left):.2f}, the chance "
         f"of a rejection; renormalised {_fmt(residual)}. A rejected guess is never emitted in its own place."
+    )
+
+
+@question("nb11.step", "a step verifies requests with the drafts [[5, 7], [], [2]]: which rows of its tensors "
+          "are whose, which uniforms decide nothing, and how many tokens can the step emit?")
+def step(draft_tokens: tuple[tuple[int, ...], ...] = STEP_EXAMPLE) -> str:
+    parts, last_rows, row = [], [], 0
+    for r, drafts in enumerate(draft_tokens):
+        rows = list(range(row, row + len(drafts) + 1))
+        judged = ", ".join(f"row {i} judges draft {d}" for i, d in zip(rows, drafts, strict=False))
+        parts.append(f"request {r}: rows {rows[0]}..{rows[-1]}" if len(rows) > 1 else f"request {r}: row {rows[0]}")
+        if judged:
+            parts[-1] += f" ({judged})"
+        last_rows.append(rows[-1])
+        row += len(drafts) + 1
+    most = sum(len(d) + 1 for d in draft_tokens)
+    return (
+        f"**R = {row} rows**: {'; '.join(parts)}. Each request's last row (rows {last_rows}) proposes "
+        f"nothing: its uniform decides nothing and its draft_probs row holds no distribution; it is the "
+        f"row a request's last token comes from when every draft before it was kept. The step emits "
+        f"between **{len(draft_tokens)}** tokens (one per request, every draft rejected) and **{most}** "
+        f"(every draft kept, R in all), whatever the other requests do."
     )
