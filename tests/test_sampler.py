@@ -138,3 +138,22 @@ def test_filters_build_nothing_on_another_device():
     reqs = [_req(str(i), temperature=0.5 + i, top_k=4, top_p=0.9) for i in range(3)]
     out = Sampler().filter_logits(logits, reqs)
     assert out.device.type == "meta" and out.shape == (3, 50)
+
+
+def test_zeros_in_the_noise_never_draw_a_token_of_probability_zero(monkeypatch):
+    """Some devices' exponential_ emits an exact 0 now and then; 0 / 0 would be a NaN that argmax
+    takes. With every noise value 0, a top-k row still draws one of its k tokens."""
+    import torch
+
+    from minivllm.engine.sampler import Sampler
+    from minivllm.request import Request
+    from minivllm.sampling_params import SamplingParams
+
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *a, **k: self.zero_())
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0, top_k=3, seed=i if i % 2 else None))
+            for i in range(4)]
+    tokens, failed = Sampler(seed=0)(logits, reqs)
+    assert not failed
+    top3 = logits.topk(3).indices.tolist()
+    assert all(t in top3[i] for i, t in enumerate(tokens))

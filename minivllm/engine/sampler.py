@@ -127,7 +127,9 @@ class Sampler:
             noise.exponential_(generator=self._default_generator(probs.device))
         for i in seeded:
             noise[i].exponential_(generator=self._request_generator(requests[i], probs.device))
-        return noise
+        # an exact 0 (some devices' exponential_ emits one now and then) would make 0 / 0 a NaN,
+        # which argmax takes: a token of probability 0 drawn
+        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     @staticmethod
     def _suppress_early_stops(logits: torch.Tensor, requests: list[Request]) -> None:
