@@ -58,7 +58,8 @@ def verify_step(
     * ``noise[row]`` ``[R, V]``: independent ``Exp(1)`` numbers, meant for a token drawn at that
       row. For weights ``w >= 0`` over the vocabulary with a positive sum,
       ``argmax(w / noise[row])`` is token ``x`` with probability ``w[x] / w.sum()`` (the
-      exponential race of minivllm's sampler; the notebook measures it).
+      exponential race of minivllm's sampler; the notebook measures it). A value may be an
+      exact 0 (some devices' generators emit one now and then).
 
     What the result must satisfy (the checks test each):
 

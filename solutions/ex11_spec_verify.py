@@ -54,7 +54,8 @@ def verify_step(
     * ``noise[row]`` ``[R, V]``: independent ``Exp(1)`` numbers, meant for a token drawn at that
       row. For weights ``w >= 0`` over the vocabulary with a positive sum,
       ``argmax(w / noise[row])`` is token ``x`` with probability ``w[x] / w.sum()`` (the
-      exponential race of minivllm's sampler; the notebook measures it).
+      exponential race of minivllm's sampler; the notebook measures it). A value may be an
+      exact 0 (some devices' generators emit one now and then).
 
     What the result must satisfy (the checks test each):
 
@@ -140,7 +141,8 @@ def verify_step(
     # rejection, p's own at a request's last row, and p's as well where rounding left nothing
     weights = torch.where(has_draft[:, None], leftover, target_probs)
     weights = torch.where(weights.sum(dim=1, keepdim=True) > 0, weights, target_probs)
-    ending = (weights / noise).argmax(dim=1)
+    # a token of weight 0 never wins, even where its noise is an exact 0 (0 / 0 would be NaN)
+    ending = torch.where(weights > 0, weights / noise, -1.0).argmax(dim=1)
     # each request's step ends at its first row that is not kept (its last row, at the latest):
     # the smallest such row number among the request's rows
     owner = torch.repeat_interleave(torch.arange(len(starts), device=device),  # the request of each row

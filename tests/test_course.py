@@ -329,7 +329,10 @@ MUTANTS = [
     ("ex11_spec_verify", "leftover = target_probs.scatter(1, index, 0.0)", "leftover = target_probs.clone()"),  # keeps the guess
     ("ex11_spec_verify", "    weights = torch.where(weights.sum(dim=1, keepdim=True) > 0, weights, target_probs)\n",
      ""),  # an empty residual drawn from
-    ("ex11_spec_verify", "ending = (weights / noise).argmax(dim=1)", "ending = weights.argmax(dim=1)"),  # argmax, no draw
+    ("ex11_spec_verify", "torch.where(weights > 0, weights / noise, -1.0).argmax(dim=1)",
+     "weights.argmax(dim=1)"),  # argmax, no draw
+    ("ex11_spec_verify", "torch.where(weights > 0, weights / noise, -1.0).argmax(dim=1)",
+     "(weights / noise).argmax(dim=1)"),  # an exact 0 of noise lets a token of weight 0 win
     ("ex11_spec_verify", EX11_LAST, "weights = leftover"),  # a request's last row drawn from a residual too
     ("ex11_spec_verify", EX11_LAST,
      "weights = torch.where(has_draft[:, None], leftover, target_probs.roll(1, 0))"),  # from the row before

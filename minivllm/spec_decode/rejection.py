@@ -67,7 +67,8 @@ def verify(
     empty = residual.sum(dim=1) <= 0
     if bool(empty.any()):
         residual[empty] = target_probs[empty]
-    emitted_if_stop = (residual / noise).argmax(dim=1)
+    # a token of weight 0 never wins the race, even against an exact 0 of noise (0 / 0 is NaN)
+    emitted_if_stop = torch.where(residual > 0, residual / noise, -1.0).argmax(dim=1)
     accept_l, stop_l = accept.tolist(), emitted_if_stop.tolist()
     out = []
     for start, drafts in zip(starts, draft_tokens, strict=True):

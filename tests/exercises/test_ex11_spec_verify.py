@@ -142,7 +142,7 @@ def verify_step(target_probs, draft_tokens, draft_probs, uniforms, noise):
     kept = ~last & (1.0 - uniforms < p_d / q_d)
     rest = target_probs - torch.minimum(target_probs, q)
     rest = torch.where(last[:, None] | (rest.sum(1, keepdim=True) <= 0), target_probs, rest)
-    token = torch.argmax(rest / noise, dim=1)
+    token = torch.argmax(torch.where(rest > 0, rest / noise, -1.0), dim=1)
     # a request's kept drafts: its rows before its first stop, counted with a running sum of stops
     stops = (~kept).long()
     run = torch.cumsum(stops, 0)

@@ -561,6 +561,27 @@ def _(ex):
                                  f"{req.uniforms.tolist()}: got {out}; token 0 has target probability 0")
 
 
+@case(CASES, "an exact 0 in the noise never draws a token of probability 0", FUNC,
+      "some devices' generators emit an exact 0 now and then: 0 / 0 is NaN, and argmax takes a NaN; a "
+      "token of weight 0 must lose the race whatever its noise")
+def _(ex):
+    gen = torch.Generator().manual_seed(6)
+    for draft_model in (True, False):
+        requests = []
+        for k in (0, 1, 2, 3):
+            for _ in range(8):
+                target = torch.stack([_dist(gen, 6, zeros=3) for _ in range(k + 1)]).float()
+                q = (torch.stack([_dist(gen, 6, zeros=2) for _ in range(k)]).float() if k
+                     else torch.zeros(0, 6)) if draft_model else None
+                drafts = (torch.multinomial(q, 1, generator=gen)[:, 0].tolist() if (q is not None and k)
+                          else torch.randint(6, (k,), generator=gen).tolist())
+                noise = _noise(gen, k + 1, 6)
+                noise[torch.rand(noise.shape, generator=gen) < 0.4] = 0.0  # exact zeros, everywhere
+                requests.append(Request(target, drafts, q, _uniforms(gen, k), noise))
+        step = pack(requests, gen)
+        _ruled_out(step, _call_step(ex, step))
+
+
 @case(CASES, "float64 rows, the same laws", FUNC,
       "nothing in the contract depends on the dtype: do not convert to float32 or to Python floats wrongly")
 def _(ex):
