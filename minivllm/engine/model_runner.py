@@ -110,15 +110,11 @@ class ModelRunner:
         hidden, last_rows = forward
         self._prompt_logprobs(out, hidden, result)
         spec = out.spec_token_ids
-        rows, sampling, verifying = [], [], []
-        for row, s, req in zip(last_rows, out.sample, out.requests, strict=True):
-            if not s:
-                continue
-            if spec and req.request_id in spec:
-                verifying.append((req, spec[req.request_id], row))
-            else:
-                rows.append(row)
-                sampling.append(req)
+        picked = [(row, req) for row, s, req in zip(last_rows, out.sample, out.requests, strict=True) if s]
+        verifying = [(req, spec[req.request_id], row) for row, req in picked if req.request_id in spec] if spec else []
+        if verifying:  # entries that verify drafts take k + 1 rows; the others sample one row
+            picked = [(row, req) for row, req in picked if req.request_id not in spec]
+        rows, sampling = [row for row, _ in picked], [req for _, req in picked]
         if rows:
             self._sample_rows(hidden, rows, sampling, out, result)
         if verifying:

@@ -84,7 +84,7 @@ class SpeculativeDecoder:
     def random_numbers(self, probs: torch.Tensor, entries) -> tuple[torch.Tensor, torch.Tensor]:
         """One uniform and one row of ``Exp(1)`` noise per row; a seeded request draws them from
         its own generator (seeded by its seed and output length), greedy rows need none."""
-        num_rows, vocab = probs.shape
+        num_rows = probs.shape[0]
         uniforms = torch.full((num_rows,), 0.5, device=probs.device)
         noise = torch.ones_like(probs)
         row = 0

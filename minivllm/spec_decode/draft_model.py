@@ -97,7 +97,7 @@ class DraftModelProposer:
             hidden = self.model(ids_t, pos_t, meta)
             last = torch.tensor(list(itertools.accumulate(query_lens)), device=self.device) - 1
             logits = self.model.compute_logits(hidden[last]).float()
-            q = self._distributions(logits, [it.request for it in active], step)
+            q = self._distributions(logits, [it.request for it in active])
             tokens = self._draw(q, [it.request for it in active], step).tolist()
             still = []
             for i, it in enumerate(active):
@@ -115,7 +115,7 @@ class DraftModelProposer:
             for rid, d in drafts.items()
         }
 
-    def _distributions(self, logits: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:
+    def _distributions(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """``q`` per row: one-hot at the argmax for greedy requests, else the filtered softmax."""
         greedy = [r.sampling_params.greedy for r in requests]
         if all(greedy):
