@@ -13,10 +13,14 @@ imports it from here (the core process gets the test's ``sys.path``). It is mini
 
 from __future__ import annotations
 
+import time
+
 from minivllm.core.engine_core import EngineCore
 
 POISON = [1, 523, 523, 523, 523]  # token ids no sensible test prompt starts with
 BOOM = [1, 611, 611, 611, 611]
+SLOW = [1, 733, 733, 733, 733]
+SLOW_STEP_S = 0.05
 
 
 class _PoisonRows:
@@ -40,4 +44,6 @@ class FaultyCore(EngineCore):
     def step(self, choose_tokens=None):
         if any(list(r.prompt_token_ids) == BOOM for r in self.scheduler.running):
             raise RuntimeError("boom in the model")
+        if any(list(r.prompt_token_ids) == SLOW for r in self.scheduler.running):
+            time.sleep(SLOW_STEP_S)
         return super().step(choose_tokens)
