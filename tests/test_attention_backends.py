@@ -114,7 +114,10 @@ def test_a_poisoned_pool_changes_no_token(backend, setup):
         assert max(s.batch_tokens for s in stats.steps) <= 32, "prompts should be chunked"
     else:
         assert stats.summary()["padding_tokens"] > 0
-    for fill in (float("nan"), float("inf")):
+    # NaN alone under the (slow) Triton interpreter here: tests/kernels fill the kernels' unowned
+    # slots with NaN, inf and -inf directly
+    fills = (float("nan"),) if backend == "triton" else (float("nan"), float("inf"))
+    for fill in fills:
         poisoned, _ = serve(backend, setup, fill, max_tokens)
         differ = [i for i, (a, b) in enumerate(zip(clean, poisoned, strict=True)) if a != b]
         assert not differ, f"{backend}: prompts {differ} change when the pool starts as {fill}"

@@ -208,9 +208,10 @@ class Tally:
     accepted: torch.Tensor  # [k + 1] counts of the drafts kept in the first step
 
 
-def _trial_step(ex, keys: list[str], starts: list[int], gen: torch.Generator, dtype: torch.dtype,
-                draft_model: bool) -> list[list[int]]:
-    """One step whose request ``j`` is a fresh trial of setting ``keys[j]`` at position ``starts[j]``."""
+def _trial_step(keys: list[str], starts: list[int], gen: torch.Generator, dtype: torch.dtype,
+                draft_model: bool) -> tuple[Step, list[torch.Tensor]]:
+    """One step whose request ``j`` is a fresh trial of setting ``keys[j]`` at position ``starts[j]``,
+    and each request's exact (float64) target rows."""
     requests, exact_rows = [], []
     by_slot: dict[tuple[str, int], list[int]] = {}
     for j, (key, start) in enumerate(zip(keys, starts, strict=True)):
@@ -241,20 +242,39 @@ def _trial_step(ex, keys: list[str], starts: list[int], gen: torch.Generator, dt
     step.uniforms = torch.rand(step.uniforms.shape[0], generator=gen, dtype=torch.float64).to(dtype)
     step.noise = (torch.empty(step.noise.shape, dtype=torch.float64).exponential_(generator=gen)
                   .clamp_(min=1e-30).to(dtype))
+    return step, exact_rows
+
+
+def _verified(ex, step: Step, exact_rows: list[torch.Tensor]) -> list[list[int]]:
     emitted = _call_step(ex, step)
     _ruled_out(step, emitted, exact_rows)
     return emitted
 
 
 @cache
-def _tallies(ex, group: tuple[str, ...], dtype: torch.dtype = torch.float32) -> dict[str, Tally]:
-    draft_model = settings()[group[0]].q is not None
+def _first_trials(group: tuple[str, ...], dtype: torch.dtype) -> tuple[Step, list[torch.Tensor], torch.Tensor]:
+    """The first step of a group's trials (the same for every verifier graded: built once, a
+    copy given to each), and the random generator's state after it."""
     gen = torch.Generator().manual_seed(2026)
     keys = [key for _ in range(TRIALS) for key in group]
-    outs = _trial_step(ex, keys, [0] * len(keys), gen, dtype, draft_model)
+    step, exact_rows = _trial_step(keys, [0] * len(keys), gen, dtype, settings()[group[0]].q is not None)
+    return step, exact_rows, gen.get_state()
+
+
+@cache
+def _tallies(ex, group: tuple[str, ...], dtype: torch.dtype = torch.float32) -> dict[str, Tally]:
+    draft_model = settings()[group[0]].q is not None
+    keys = [key for _ in range(TRIALS) for key in group]
+    first, exact_rows, state = _first_trials(group, dtype)
+    gen = torch.Generator()
+    gen.set_state(state)
+    copy = Step(first.target.clone(), [list(d) for d in first.drafts], None if first.q is None else first.q.clone(),
+                first.uniforms.clone(), first.noise.clone())
+    outs = _verified(ex, copy, exact_rows)
     first_step = [len(o) - 1 for o in outs]
     while short := [j for j, o in enumerate(outs) if len(o) < 2]:
-        more = _trial_step(ex, [keys[j] for j in short], [len(outs[j]) for j in short], gen, dtype, draft_model)
+        more = _verified(ex, *_trial_step([keys[j] for j in short], [len(outs[j]) for j in short], gen, dtype,
+                                          draft_model))
         for j, extra in zip(short, more, strict=True):
             outs[j] = outs[j] + extra
     tallies = {}
@@ -333,28 +353,6 @@ def _distribution_cases(key: str, hint_first: str, hint_count: str) -> None:
             mean = float((counts * torch.arange(s.k + 1)).sum() / counts.sum())
             expect_distributed(counts, law, f"the number of drafts kept (mean {mean:.3f}, exactly "
                                             f"{float((law * torch.arange(s.k + 1)).sum()):.3f})")
-
-
-_distribution_cases(
-    "draft", "for each token x, add the chance the step emits x by keeping a draft x and the chance it "
-             "emits x after a rejection: the sum must be p(x); what must a rejection supply?",
-    "too few or too many drafts kept: no exact rule keeps a draft more often than the overlap "
-    "sum_x min(p(x), q(x)); reach it, and end each request's step at its own first rejection",
-)
-_distribution_cases(
-    "sharp", "where the draft proposes x more often than the target wants it (q(x) > p(x)), keeping every "
-             "draft x emits too many x's",
-    "each draft has its own uniform; a request goes on only while its drafts are kept",
-)
-_distribution_cases(
-    "ngram", "a guess is fixed: no distribution was drawn from; what is the most often it can be kept, "
-             "and what is left of p for a rejection to supply?",
-    "a fixed guess d is emitted by keeping it at most p(d) of the time",
-)
-_distribution_cases(
-    "k0", "a request without drafts has one row, its last: the one token is drawn from that row's p with "
-          "its noise (its draft_probs row holds no distribution)", "",
-)
 
 
 # --- exact properties -------------------------------------------------------------------------
@@ -582,13 +580,6 @@ def _(ex):
         _ruled_out(step, _call_step(ex, step))
 
 
-@case(CASES, "float64 rows, the same laws", FUNC,
-      "nothing in the contract depends on the dtype: do not convert to float32 or to Python floats wrongly")
-def _(ex):
-    s = settings()["draft"]
-    expect_distributed(_tally(ex, "draft", torch.float64).first, s.p[0], "the first emitted token (float64)")
-
-
 @case(CASES, "deterministic, inputs untouched", FUNC,
       "use only the random numbers given (no torch.rand of your own) and change no argument in place")
 def _(ex):
@@ -698,6 +689,36 @@ def _(ex):
                     f"{kind} steps: {said}. A step may read values back to the host at most {MAX_TRANSFERS} "
                     "times (.tolist(), .item(), int(), float(), bool() of a tensor): gather every decision on the "
                     "device, then transfer them together")
+
+
+# --- the laws, statistically (after the cheaper cases, which say more of a slip) -----------
+_distribution_cases(
+    "draft", "for each token x, add the chance the step emits x by keeping a draft x and the chance it "
+             "emits x after a rejection: the sum must be p(x); what must a rejection supply?",
+    "too few or too many drafts kept: no exact rule keeps a draft more often than the overlap "
+    "sum_x min(p(x), q(x)); reach it, and end each request's step at its own first rejection",
+)
+_distribution_cases(
+    "sharp", "where the draft proposes x more often than the target wants it (q(x) > p(x)), keeping every "
+             "draft x emits too many x's",
+    "each draft has its own uniform; a request goes on only while its drafts are kept",
+)
+_distribution_cases(
+    "ngram", "a guess is fixed: no distribution was drawn from; what is the most often it can be kept, "
+             "and what is left of p for a rejection to supply?",
+    "a fixed guess d is emitted by keeping it at most p(d) of the time",
+)
+_distribution_cases(
+    "k0", "a request without drafts has one row, its last: the one token is drawn from that row's p with "
+          "its noise (its draft_probs row holds no distribution)", "",
+)
+
+
+@case(CASES, "float64 rows, the same laws", FUNC,
+      "nothing in the contract depends on the dtype: do not convert to float32 or to Python floats wrongly")
+def _(ex):
+    s = settings()["draft"]
+    expect_distributed(_tally(ex, "draft", torch.float64).first, s.p[0], "the first emitted token (float64)")
 
 
 # --- the engine -------------------------------------------------------------------------------
