@@ -659,3 +659,32 @@ def test_a_speculative_server_streams_the_same_text_and_counts_its_drafts(refere
     drafts = float(re.search(r"^\S*spec_decode_num_draft_tokens\S* (\S+)$", text, re.M).group(1))
     accepted = float(re.search(r"^\S*spec_decode_num_accepted_tokens\S* (\S+)$", text, re.M).group(1))
     assert drafts > 0 and 0 < accepted <= drafts
+
+
+def test_the_2026_stack_from_the_command_line_serves_the_engines_text():
+    """``--kv-cache-dtype int8 --speculative-config {...}``, parsed as ``minivllm serve`` parses
+    them: the server's greedy text is that of ``LLM(...)`` with the same engine arguments, its
+    pool holds the int8 layout's blocks (more than a float cache in the same memory) and its
+    metrics count drafts."""
+    import argparse
+
+    from minivllm.entrypoints.cli_args import add_engine_arguments, engine_args_from
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    args = engine_args_from(parser.parse_args(["--kv-cache-dtype", "int8", "--speculative-config", spec,
+                                               "--kv-cache-memory", str(8 << 20), "--max-num-seqs", "8",
+                                               "--seed", "0"]))
+    assert args.pop("engine_core_process")  # the server's default; serve() puts the core in a process
+    want_llm = LLM(**args)
+    with serve(**args) as srv:
+        spec_client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        resp = spec_client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=24, temperature=0)
+        blocks = core_state(srv).kv_blocks_total
+        text = httpx.get(srv.url + "/metrics", timeout=10).text
+    want = want_llm.generate(PROMPTS, greedy(24), use_tqdm=False)
+    assert [c.text for c in resp.choices] == [w.outputs[0].text for w in want]
+    float_blocks = LLM(kv_cache_memory=8 << 20, max_num_seqs=8, seed=0).engine.kv.num_blocks
+    assert blocks == want_llm.engine.kv.num_blocks > float_blocks  # the int8 layout, the same memory
+    assert float(re.search(r"^\S*spec_decode_num_draft_tokens\S* (\S+)$", text, re.M).group(1)) > 0
