@@ -30,7 +30,8 @@ Assumptions and limits (also in ``docs/simulator.md``):
   launch gaps and CPU scheduling time are folded into ``step_overhead_s``;
 * attention re-reads of K/V inside a long prefill (one pass per query tile) are not counted;
   long prefills are compute-bound anyway;
-* no speculative decoding, no tensor parallelism.
+* no tensor parallelism; speculative decoding's acceptances are drawn at a given rate
+  (``minivllm/sim/speculation.py``), the steps priced here.
 """
 
 from __future__ import annotations
@@ -43,15 +44,18 @@ from minivllm.sim.hardware import Hardware
 from minivllm.sim.model_spec import ModelSpec
 
 
-def scheduled_rows(sched_out) -> list[tuple[int, int, bool]]:
-    """``(num_cached, num_rows, sample)`` per scheduled request of a ``SchedulerOutput``.
+def scheduled_rows(sched_out) -> list[tuple[int, int, int]]:
+    """``(num_cached, num_rows, num_sampled_rows)`` per scheduled request of a ``SchedulerOutput``.
 
     ``num_rows`` counts the new tokens plus padding (static batching's pads and idle seats are
-    real rows: they cost what a real row costs).
+    real rows: they cost what a real row costs); ``num_sampled_rows`` is 1 for a request that
+    samples (``1 + k`` when it verifies ``k`` drafts: every row gets logits), else 0.
     """
     pads = sched_out.num_padding
+    spec = getattr(sched_out, "spec_token_ids", None)
     return [
-        (done, n + (pads.get(req.request_id, 0) if pads else 0), sample)
+        (done, n + (pads.get(req.request_id, 0) if pads else 0),
+         (1 + len(spec.get(req.request_id, ())) if spec else 1) if sample else 0)
         for req, done, n, sample in zip(
             sched_out.requests, sched_out.num_computed, sched_out.num_new, sched_out.sample, strict=True
         )
@@ -67,6 +71,7 @@ class StepCost:
     compute_time: float  # FLOPs / achievable FLOP/s
     memory_time: float  # bytes / achievable bandwidth
     overhead: float
+    draft_time: float = 0.0  # speculative decoding: the draft model's passes before this one
 
     @property
     def bytes(self) -> float:
@@ -74,7 +79,7 @@ class StepCost:
 
     @property
     def time(self) -> float:
-        return max(self.compute_time, self.memory_time) + self.overhead
+        return max(self.compute_time, self.memory_time) + self.overhead + self.draft_time
 
     @property
     def bound(self) -> str:
@@ -120,10 +125,11 @@ class CostModel:
         )
 
     # --- one step ------------------------------------------------------------------------
-    def step_cost(self, rows: Iterable[tuple[int, int, bool]]) -> StepCost:
+    def step_cost(self, rows: Iterable[tuple[int, int, int | bool]]) -> StepCost:
         """Cost of a step given, per scheduled sequence, ``(num_cached, num_rows, sample)``:
         ``num_rows`` rows (new tokens + padding) computed after ``num_cached`` tokens already
-        in the KV cache, and whether a token is sampled from it."""
+        in the KV cache, and how many of them the LM head runs on (``True``: one, the last;
+        ``1 + k`` for a verification of ``k`` drafts)."""
         row_flops, pair_flops, head_flops, kv_tok, body_bytes, head_bytes = self._constants
         total_rows = pairs = context = samples = 0
         for cached, n, sample in rows:
@@ -131,8 +137,7 @@ class CostModel:
             # query i (0-based) of the chunk attends to cached + i + 1 keys (causal)
             pairs += n * cached + n * (n + 1) // 2
             context += cached + n
-            if sample:
-                samples += 1
+            samples += sample
         if total_rows == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.step_overhead_s)
         flops = row_flops * total_rows + pair_flops * pairs + head_flops * samples

@@ -23,6 +23,7 @@ It fills the same :class:`~minivllm.metrics.EngineStats` (one ``StepStats`` per 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -43,6 +44,7 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.sim.cost_model import CostModel, StepCost, scheduled_rows
 from minivllm.sim.hardware import Hardware, get_hardware
 from minivllm.sim.model_spec import ModelSpec, preset
+from minivllm.sim.speculation import SimulatedDrafts, check_acceptance_rate
 
 
 class CostModelExecutor:
@@ -52,22 +54,27 @@ class CostModelExecutor:
     the step's modelled time. ``step_costs`` keeps every step's :class:`StepCost`.
     """
 
-    def __init__(self, cost_model: CostModel, placeholder_token: int = 0):
+    def __init__(self, cost_model: CostModel, placeholder_token: int = 0, drafts: SimulatedDrafts | None = None):
         self.cost_model = cost_model
         self.placeholder_token = placeholder_token
+        self.drafts = drafts  # speculative decoding, else None
         self.clock = 0.0
         self.step_costs: list[StepCost] = []
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         cost = self.cost_model.step_cost(scheduled_rows(out))
-        self.step_costs.append(cost)
-        self.clock += cost.time
         token = self.placeholder_token
         sampled = {r.request_id: token for r, s in zip(out.requests, out.sample, strict=True) if s}
+        result = ModelRunnerOutput(sampled=sampled)
+        if self.drafts is not None:
+            result.accepted_draft_tokens, result.draft_token_ids, draft_time = self.drafts.step(out, sampled)
+            cost = dataclasses.replace(cost, draft_time=draft_time)
+        self.step_costs.append(cost)
+        self.clock += cost.time
         for leader, kids in out.forks.items():
             if leader in sampled:
                 sampled.update((k.request_id, token) for k in kids)
-        return ModelRunnerOutput(sampled=sampled)
+        return result
 
 
 class Simulator:
@@ -79,6 +86,11 @@ class Simulator:
     ``scheduler``, ``kv_cache``, ... including plug-in instances); arguments about the model
     runner (``dtype``, ``device``, ``attention_backend``) are accepted and ignored. The KV
     dtype is the ``ModelSpec``'s ``kv_dtype``; ``kv_cache_dtype="int8"`` makes it ``"int8"``.
+
+    Speculative decoding: ``speculative_config`` as for the engine, whose draft ``model`` is a
+    :class:`ModelSpec` or a preset name, plus ``acceptance_rate``, the chance that each draft
+    is accepted (``minivllm/sim/speculation.py``). The draft model's weights and K/V come out
+    of the KV pool's memory, and its passes are added to each step's time.
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class Simulator:
         activation_reserve_bytes: float | None = None,
         record_decisions: bool = False,
         placeholder_token: int = 0,
+        acceptance_rate: float | None = None,
         **engine_args,
     ):
         self.model = preset(model) if isinstance(model, str) else model
@@ -105,12 +118,20 @@ class Simulator:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.gpu_memory_utilization = gpu_memory_utilization
+        self.draft_model = self._draft_model_of(engine_args)
+        if self.draft_model is not None and self.model.kv_dtype == "int8" != self.draft_model.kv_dtype:
+            self.draft_model = self.draft_model.with_dtypes(kv_dtype="int8")  # one cache format for both
         self.args = args = EngineArgs.from_kwargs(**engine_args)
-        if args.speculative_config is not None:
+        spec = args.speculative_config
+        if (spec is None) != (acceptance_rate is None):
             raise ValueError(
-                "the simulator does not model speculative decoding (its cost model prices steps, "
-                "not which drafts a model would accept); pass speculative_config=None"
+                "speculative_config and acceptance_rate go together: the simulator cannot tell which "
+                "drafts a model would accept, so it accepts each with probability acceptance_rate "
+                f"(got speculative_config={engine_args.get('speculative_config')!r}, "
+                f"acceptance_rate={acceptance_rate!r})"
             )
+        if spec is not None:
+            check_acceptance_rate(acceptance_rate)
         self.max_model_len = resolve_max_model_len(args, self.model.max_position_embeddings)
         self.input_processor = InputProcessor(self.max_model_len, self.model.vocab_size)
         self._activation_reserve = (
@@ -120,7 +141,14 @@ class Simulator:
         )
         self.scheduler = build_scheduler(args, self.max_model_len, self._num_kv_blocks)
         self.kv = self.scheduler.kv
-        self.executor = CostModelExecutor(self.cost_model, placeholder_token)
+        drafts = None
+        if spec is not None:
+            draft_cost = None if self.draft_model is None else CostModel(
+                self.draft_model, self.hardware, self.cost_model.flops_efficiency,
+                self.cost_model.bandwidth_efficiency, self.cost_model.step_overhead_s)
+            drafts = SimulatedDrafts(spec, acceptance_rate, draft_cost, self.max_model_len, args.seed,
+                                     placeholder_token)
+        self.executor = CostModelExecutor(self.cost_model, placeholder_token, drafts)
         self.core = build_engine_core(args, self.scheduler, self.executor, lambda: self.executor.clock)
         self.record_decisions = record_decisions
         self.decisions: list[list[tuple[str, int]]] = []  # one entry per step, if recorded
@@ -153,12 +181,37 @@ class Simulator:
 
     @property
     def kv_block_bytes(self) -> float:
-        return self.model.kv_bytes_per_token() * self.args.block_size
+        """A block's K/V bytes, the draft model's own K/V in the same block included."""
+        per_token = self.model.kv_bytes_per_token()
+        if self.draft_model is not None:
+            per_token += self.draft_model.kv_bytes_per_token()
+        return per_token * self.args.block_size
 
     def kv_memory_from_hardware(self) -> float:
-        """Bytes left for the KV cache: usable memory minus weights minus activations."""
+        """Bytes left for the KV cache: usable memory minus weights (a draft model's too) minus
+        activations."""
         usable = self.hardware.memory_bytes * self.gpu_memory_utilization
-        return usable - self.model.weight_bytes - self._activation_reserve
+        weights = self.model.weight_bytes + (self.draft_model.weight_bytes if self.draft_model else 0.0)
+        return usable - weights - self._activation_reserve
+
+    @staticmethod
+    def _draft_model_of(engine_args: dict) -> ModelSpec | None:
+        """The draft model of a ``speculative_config`` whose ``model`` is a :class:`ModelSpec` or
+        a preset name (the engine's is a checkpoint directory); the config keeps its name."""
+        spec = engine_args.get("speculative_config")
+        if not isinstance(spec, dict) or spec.get("model") is None:
+            return None
+        model = spec["model"]
+        if isinstance(model, str):
+            try:
+                model = preset(model)
+            except KeyError as err:
+                raise ValueError(f"speculative_config['model'] for the simulator is a ModelSpec or a preset "
+                                 f"name: {err.args[0]}") from None
+        if not isinstance(model, ModelSpec):
+            raise TypeError(f"speculative_config['model'] must be a ModelSpec or a preset name, got {model!r}")
+        engine_args["speculative_config"] = {**spec, "model": model.name}
+        return model
 
     def _num_kv_blocks(self) -> int:
         return resolve_num_kv_blocks(self.args, self.max_model_len, self.kv_block_bytes, self._hardware_kv_memory)
