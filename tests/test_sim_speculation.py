@@ -92,6 +92,10 @@ def test_the_draft_model_takes_its_weights_and_kv_from_the_pool():
     named = Simulator(preset("llama-3-8b"), H100, max_model_len=4096, kv_cache_dtype="int8",
                       speculative_config={"model": "llama-3-8b", "num_speculative_tokens": 2}, acceptance_rate=0.5)
     assert named.draft_model.kv_dtype == "int8" and named.draft_model.name == "llama-3-8b"
+    # as minivllm serve passes it: JSON text
+    as_json = Simulator(TARGET, H100, max_model_len=4096, acceptance_rate=0.5,
+                        speculative_config='{"model": "llama-3-8b", "num_speculative_tokens": 4}')
+    assert as_json.draft_model.name == "llama-3-8b" and as_json.num_kv_blocks < plain.num_kv_blocks
 
 
 def test_preemption_and_lookahead_with_drafts_keep_the_books():
@@ -119,7 +123,7 @@ def test_preemption_and_lookahead_with_drafts_keep_the_books():
     ({"speculative_config": {"model": "no-such-model", "num_speculative_tokens": 4}, "acceptance_rate": 0.5},
      ValueError, "unknown model preset 'no-such-model'"),
     ({"speculative_config": {"model": 3, "num_speculative_tokens": 4}, "acceptance_rate": 0.5},
-     TypeError, "ModelSpec or a preset name"),
+     ValueError, "needs 'model'"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 99}, "acceptance_rate": 0.5},
      ValueError, "num_speculative_tokens"),
 ])

@@ -118,11 +118,10 @@ class Simulator:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.draft_model = self._draft_model_of(engine_args)
-        if self.draft_model is not None and self.model.kv_dtype == "int8" != self.draft_model.kv_dtype:
-            self.draft_model = self.draft_model.with_dtypes(kv_dtype="int8")  # one cache format for both
+        given_draft = self._draft_spec_given(engine_args)
         self.args = args = EngineArgs.from_kwargs(**engine_args)
         spec = args.speculative_config
+        self.draft_model = self._draft_model(spec, given_draft)
         if (spec is None) != (acceptance_rate is None):
             raise ValueError(
                 "speculative_config and acceptance_rate go together: the simulator cannot tell which "
@@ -195,23 +194,30 @@ class Simulator:
         return usable - weights - self._activation_reserve
 
     @staticmethod
-    def _draft_model_of(engine_args: dict) -> ModelSpec | None:
-        """The draft model of a ``speculative_config`` whose ``model`` is a :class:`ModelSpec` or
-        a preset name (the engine's is a checkpoint directory); the config keeps its name."""
+    def _draft_spec_given(engine_args: dict) -> ModelSpec | None:
+        """A ``speculative_config`` dict whose draft ``model`` is a :class:`ModelSpec`: the spec,
+        with the config given its name instead (the engine's config holds a string)."""
         spec = engine_args.get("speculative_config")
-        if not isinstance(spec, dict) or spec.get("model") is None:
+        if isinstance(spec, dict) and isinstance(spec.get("model"), ModelSpec):
+            engine_args["speculative_config"] = {**spec, "model": spec["model"].name}
+            return spec["model"]
+        return None
+
+    def _draft_model(self, spec, given: ModelSpec | None) -> ModelSpec | None:
+        """The draft model of a parsed ``speculative_config``: the spec given, else the preset its
+        ``model`` names; 8-bit K/V when the target's is (one cache format for both)."""
+        if spec is None or spec.method != "draft_model":
             return None
-        model = spec["model"]
-        if isinstance(model, str):
+        draft = given
+        if draft is None:
             try:
-                model = preset(model)
+                draft = preset(spec.model)
             except KeyError as err:
                 raise ValueError(f"speculative_config['model'] for the simulator is a ModelSpec or a preset "
                                  f"name: {err.args[0]}") from None
-        if not isinstance(model, ModelSpec):
-            raise TypeError(f"speculative_config['model'] must be a ModelSpec or a preset name, got {model!r}")
-        engine_args["speculative_config"] = {**spec, "model": model.name}
-        return model
+        if self.model.kv_dtype == "int8" != draft.kv_dtype:
+            draft = draft.with_dtypes(kv_dtype="int8")
+        return draft
 
     def _num_kv_blocks(self) -> int:
         return resolve_num_kv_blocks(self.args, self.max_model_len, self.kv_block_bytes, self._hardware_kv_memory)
