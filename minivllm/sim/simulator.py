@@ -44,7 +44,7 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.sim.cost_model import CostModel, StepCost, scheduled_rows
 from minivllm.sim.hardware import Hardware, get_hardware
 from minivllm.sim.model_spec import ModelSpec, preset
-from minivllm.sim.speculation import SimulatedDrafts, check_acceptance_rate
+from minivllm.sim.speculation import SimulatedDrafts
 
 
 class CostModelExecutor:
@@ -129,8 +129,6 @@ class Simulator:
                 f"(got speculative_config={engine_args.get('speculative_config')!r}, "
                 f"acceptance_rate={acceptance_rate!r})"
             )
-        if spec is not None:
-            check_acceptance_rate(acceptance_rate)
         self.max_model_len = resolve_max_model_len(args, self.model.max_position_embeddings)
         self.input_processor = InputProcessor(self.max_model_len, self.model.vocab_size)
         self._activation_reserve = (
@@ -142,9 +140,8 @@ class Simulator:
         self.kv = self.scheduler.kv
         drafts = None
         if spec is not None:
-            draft_cost = None if self.draft_model is None else CostModel(
-                self.draft_model, self.hardware, self.cost_model.flops_efficiency,
-                self.cost_model.bandwidth_efficiency, self.cost_model.step_overhead_s)
+            draft_cost = (None if self.draft_model is None
+                          else dataclasses.replace(self.cost_model, model=self.draft_model))
             drafts = SimulatedDrafts(spec, acceptance_rate, draft_cost, self.max_model_len, args.seed,
                                      placeholder_token)
         self.executor = CostModelExecutor(self.cost_model, placeholder_token, drafts)

@@ -84,8 +84,7 @@ class SimulatedDrafts:
             if drafts:
                 accepted[rid] = list(drafts[:m])
             num_tokens = done + (n - len(drafts)) + m + 1  # after this step
-            room = min(req.length_limit, self.max_model_len) - num_tokens - 1
-            num = max(0, min(k, room))
+            num = self.config.num_drafts(req.length_limit, self.max_model_len, num_tokens)
             if not num:
                 continue
             proposals[rid] = [self.placeholder_token] * num
@@ -95,11 +94,12 @@ class SimulatedDrafts:
                 first_pass.append((have, num_tokens - have, 1))
                 later.append((num_tokens, num))
                 self._draft_kv[rid] = _DraftKV(num_tokens, num)
-        draft_time = 0.0
-        if first_pass:
-            cost = self.draft_cost
-            draft_time = cost.step_cost(first_pass).time
-            # pass j + 1 feeds draft j at position tokens + j - 1, for the requests that want more
-            draft_time += sum(cost.step_cost([(t + j - 1, 1, 1) for t, num in later if num > j]).time
-                              for j in range(1, k) if any(num > j for _, num in later))
+        if not first_pass:
+            return accepted, proposals, 0.0
+        draft_time = self.draft_cost.step_cost(first_pass).time
+        for j in range(1, k):  # pass j + 1 feeds draft j at position tokens + j - 1
+            rows = [(t + j - 1, 1, 1) for t, num in later if num > j]
+            if not rows:
+                break
+            draft_time += self.draft_cost.step_cost(rows).time
         return accepted, proposals, draft_time

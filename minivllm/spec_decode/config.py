@@ -61,6 +61,13 @@ class SpeculativeConfig:
         the last token), in the same blocks; n-gram lookup writes nothing."""
         return self.num_speculative_tokens if self.method == "draft_model" else 0
 
+    def num_drafts(self, length_limit: int, max_model_len: int, num_tokens: int) -> int:
+        """Drafts worth proposing for a request that will have ``num_tokens`` tokens: ``k``, cut
+        so that the next step (the drafts and the token after them) stays within the request's
+        ``length_limit`` and ``max_model_len``."""
+        room = min(length_limit, max_model_len) - num_tokens - 1
+        return max(0, min(self.num_speculative_tokens, room))
+
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
         """``None``, a :class:`SpeculativeConfig`, a dict or its JSON text -> a checked config."""

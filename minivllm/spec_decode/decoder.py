@@ -143,13 +143,6 @@ class SpeculativeDecoder:
         return q
 
     # --- proposals -----------------------------------------------------------------------------
-    def num_drafts(self, request: Request, num_tokens: int) -> int:
-        """Drafts worth proposing for a request that will have ``num_tokens`` tokens: ``k``, cut
-        so that the next step (the drafts and the token after them) stays within ``max_tokens``
-        and ``max_model_len``."""
-        room = min(request.length_limit, self.max_model_len) - num_tokens - 1
-        return max(0, min(self.config.num_speculative_tokens, room))
-
     def propose(self, out: SchedulerOutput, emitted: dict[str, list[int]]) -> dict[str, list[int]]:
         """Drafts for the next step of every request in ``emitted`` (request id -> the tokens this
         step gives it) that speculates. A draft model that fails proposes nothing this step: the
@@ -161,7 +154,7 @@ class SpeculativeDecoder:
             if new is None or not self.speculates(req):
                 continue
             tokens = req.all_token_ids + new
-            k = self.num_drafts(req, len(tokens))
+            k = self.config.num_drafts(req.length_limit, self.max_model_len, len(tokens))
             if k:
                 wanted.append(DraftRequest(req, tokens, tables[req.request_id], k))
         if not wanted:
