@@ -43,6 +43,7 @@ import torch
 
 import minivllm
 from minivllm import LLM, SamplingParams
+from minivllm.engine.core_client import local_core
 from minivllm.model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +99,7 @@ def engine(model: str, kv_cache_dtype: str, **kwargs) -> LLM:
 
 def capture_logits(llm: LLM) -> list[torch.Tensor]:
     """Every logits row the model computes from now on, in order (prompt rows included)."""
-    model = llm.engine.model
+    model = local_core(llm).executor.model
     rows: list[torch.Tensor] = []
     compute = model.compute_logits
 
@@ -184,7 +185,7 @@ def capacity(model: str, memory: int, requests: int, prompt_len: int, output_len
         wall = time.perf_counter() - t0
         stats = llm.stats()
         summary = stats.summary()
-        rows[kind] = dict(num_blocks=llm.engine.kv.num_blocks, peak_running=max(stats.column("num_running")),
+        rows[kind] = dict(num_blocks=local_core(llm).kv.num_blocks, peak_running=max(stats.column("num_running")),
                           mean_running=summary["mean_batch_seqs"],
                           preemptions=summary["preemptions"], output_tokens=sum(len(o.outputs[0].token_ids) for o in outs),
                           wall_s=wall)
@@ -203,7 +204,7 @@ def scale_granularity(model: str, prompts: list[list[int]], new_tokens: int, blo
                  enable_prefix_caching=False)
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
     errors: dict = {"per token": [0.0, 0.0], "per block": [0.0, 0.0]}  # squared error, squared norm
-    for k_cache, v_cache in llm.engine._built.runner.kv_caches:
+    for k_cache, v_cache in local_core(llm).executor.kv_caches:
         for cache in (k_cache, v_cache):
             # blocks the trace wrote (a freed block keeps its values; unused ones are all zero)
             used = cache[cache.abs().flatten(1).amax(1) > 0].double()  # [n, block_size, KVH, D]

@@ -21,6 +21,7 @@ import sys
 import time
 
 from minivllm import LLM, BeamSearchParams, SamplingParams
+from minivllm.engine.core_client import local_core
 
 SYSTEM_TEXT = (
     "You are a patient storyteller for children. You answer every question with a short, kind "
@@ -48,7 +49,7 @@ def make_llm(make_kv=None, caching: bool = True, **engine_args) -> LLM:
     pool of the same size."""
     if make_kv is None:
         return LLM(enable_prefix_caching=caching, **engine_args)
-    blocks = LLM(**engine_args).engine.kv.num_blocks  # the default pool for this model
+    blocks = local_core(LLM(**engine_args)).kv.num_blocks  # the default pool for this model
     return LLM(kv_cache=make_kv(blocks, caching), **engine_args)
 
 

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.sampler import Sampler
+from minivllm.engine.core_client import local_core
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import MAX_N, MAX_STOP_STRINGS
 
 WORDS = "the fox ran to a big old tree and saw one little bird who sang all day".split()
@@ -111,7 +112,7 @@ class PoisonRows(Sampler):
 def per_request_entries(llm: LLM) -> int:
     e = llm.engine
     return (len(e.output_processor.families) + len(e.output_processor.children)
-            + len(e.scheduler.requests) + sum(len(k) for k in e.core._pending_forks.values())
+            + len(local_core(e).scheduler.requests) + len(local_core(e).forks)
             + len(llm._inboxes))
 
 
@@ -123,7 +124,7 @@ def serve(llm: LLM, plan: list[Item], seed: int) -> tuple[dict[str, list], dict[
     engine = llm.engine
     poisoned = {tuple(it.prompt) for it in plan if it.kind == "poisoned"}
     faulty = {tuple(it.prompt) for it in plan if it.kind == "faulty"}
-    engine.runner.sampler = PoisonRows(engine.runner.sampler, poisoned, faulty)
+    local_core(engine).executor.sampler = PoisonRows(local_core(engine).executor.sampler, poisoned, faulty)
     # abandoned: of the aborted; bad_accepted: bad requests that got past the door (must be 0)
     counts = dict(refused=0, bad_accepted=0, finished=0, aborted=0, failed=0, abandoned=0)
     results: dict[str, list] = {}
@@ -160,7 +161,7 @@ def serve(llm: LLM, plan: list[Item], seed: int) -> tuple[dict[str, list], dict[
         run_step()
     streams = {it.rid for it in plan if it.kind == "stream"}
     counts["abandoned"] = sum(1 for rid in streams if results.get(rid, [("", [])])[0][0] == "abort")
-    engine.runner.sampler = engine.runner.sampler.inner
+    local_core(engine).executor.sampler = local_core(engine).executor.sampler.inner
     return results, counts
 
 
@@ -206,7 +207,7 @@ def soak(num_requests: int, seed: int, policy: str, verbose: bool = True) -> dic
     report = dict(
         requests=num_requests, good=len(good), mismatched=len(mismatched), **counts,
         preemptions=stats["preemptions"], prefix_hit_tokens=stats["prefix_cache_hits"],
-        kv_blocks_left=small.engine.kv.num_used_blocks, entries_left=per_request_entries(small),
+        kv_blocks_left=local_core(small).kv.num_used_blocks, entries_left=per_request_entries(small),
         poisoned_failed=int(poisoned_ok),
     )
     if verbose:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import minivllm  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.attention import torch_ragged  # noqa: E402
+from minivllm.engine.core_client import local_core
 
 CONFIGS = {
     "none": None,
@@ -58,7 +59,7 @@ class ProposalTimer:
 
     def __init__(self, llm: LLM):
         self.seconds = 0.0
-        decoder = llm.engine._built.runner.speculative
+        decoder = local_core(llm).executor.speculative
         if decoder is not None:
             inner = decoder.propose
 

@@ -55,9 +55,11 @@ specification. Each says what must be true of a step, not how to get there:
    all or nothing: a request that cannot get room for all the tokens it needs does not fit. A
    waiting request holds no blocks. In this exercise's checks a running request always finds
    room; what to do when it does not is exercise 03 (raising an error that names it is fine).
-5. **Ends.** ``update_from_output(sampled)`` appends each sampled token (request id -> token)
-   to its request; a request ends when ``check_stop(token, config.max_model_len)`` returns a
-   status, with that status. A request that has ended holds no blocks and no seat, and is in
+5. **Ends.** ``update_from_output(tokens)`` appends each sampled token (``tokens.sampled``:
+   request id -> token; ``tokens`` is a ``StepTokens``, whose other fields are speculative
+   decoding's and stay empty for a scheduler that schedules no drafts) to its request; a
+   request ends when ``check_stop(token, config.max_model_len)`` returns a status, with that
+   status. A request that has ended holds no blocks and no seat, and is in
    none of the scheduler's collections, from the moment the call that ended it returns. The
    others keep their order. It returns the requests it ended, in any order.
 6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running
@@ -85,7 +87,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from minivllm.core.interfaces import KVCacheManagerInterface
+from minivllm.core.interfaces import KVCacheManagerInterface, StepTokens
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -123,9 +125,9 @@ class ContinuousScheduler:
         ``num_computed_tokens`` advanced by the tokens it computes."""
         raise NotImplementedError("ex02 ContinuousScheduler.schedule: What it must do is in its docstring. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
-    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
-        """Append each sampled token (request id -> token) to its request, retire the requests
-        that are done (policy 5) and return them."""
+    def update_from_output(self, tokens: StepTokens) -> list[Request]:
+        """Append each sampled token (``tokens.sampled``: request id -> token) to its request,
+        retire the requests that are done (policy 5) and return them."""
         raise NotImplementedError("ex02 ContinuousScheduler.update_from_output: What it must do is in its docstring. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:

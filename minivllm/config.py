@@ -21,7 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface, check_implements
+from minivllm.core.interfaces import (
+    KVCacheManagerInterface,
+    SchedulerInterface,
+    SpeculativeKVCacheManager,
+    SpeculativeScheduler,
+    check_implements,
+)
 from minivllm.core.policies import make_policy
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.math_utils import cdiv
@@ -50,10 +56,6 @@ def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
         return
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {name}={value!r} ({type(value).__name__})")
-
-
-def _name(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else f"<{type(value).__name__}>"
 
 
 def _check_choice(
@@ -143,26 +145,6 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         self._check_conflicts()
-        self._check_speculative()
-
-    def _check_speculative(self) -> None:
-        """Speculative decoding rolls back rejected drafts through minivllm's own scheduler and
-        paged KV cache manager; a plug-in or a baseline has no such rollback."""
-        spec = self.speculative_config
-        if spec is None:
-            return
-        if self.scheduler != "continuous" or self.kv_cache != "paged":
-            raise ValueError(
-                f"speculative_config needs scheduler='continuous' and kv_cache='paged' (minivllm's own, "
-                f"which roll back rejected drafts), got scheduler={_name(self.scheduler)}, "
-                f"kv_cache={_name(self.kv_cache)}"
-            )
-        k = spec.num_speculative_tokens
-        if self.max_num_batched_tokens is not None and k >= self.max_num_batched_tokens:
-            raise ValueError(
-                f"num_speculative_tokens={k} drafts plus the token they follow do not fit in "
-                f"max_num_batched_tokens={self.max_num_batched_tokens}"
-            )
 
     def _check_conflicts(self) -> None:
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
@@ -269,12 +251,18 @@ def check_kv_pool(
 
 def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> SchedulerInterface:
     """The scheduler (with its KV cache manager) that ``args`` describe; its pool, a plug-in's
-    included, must hold one sequence of ``max_model_len`` tokens (:func:`check_kv_pool`).
+    included, must hold one sequence of ``max_model_len`` tokens (:func:`check_kv_pool`). With
+    ``speculative_config`` both must implement speculative decoding's protocols
+    (``SpeculativeScheduler``, ``SpeculativeKVCacheManager``): the static baseline and the
+    contiguous cache do not, and a plug-in is told the member it lacks.
 
     ``num_blocks()`` sizes a built-in KV pool; it is not called when ``args`` bring their own
     manager (``kv_cache=<instance>``, or a scheduler instance that holds one).
     """
     scheduler = _build_scheduler(args, max_model_len, num_blocks)
+    if args.speculative_config is not None:  # it verifies drafts and rolls back rejected ones
+        check_implements(scheduler, SpeculativeScheduler, "scheduler")
+        check_implements(scheduler.kv, SpeculativeKVCacheManager, "kv_cache")
     check_kv_pool(scheduler.kv.num_blocks, scheduler.kv.block_size, max_model_len,
                   num_lookahead_tokens=args.num_lookahead_tokens)
     return scheduler

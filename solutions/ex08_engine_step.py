@@ -7,9 +7,10 @@ Notebook: notebooks/08_serving_loop.ipynb. Check your work with
 the base class holds the parts -- ``self.scheduler`` (and its KV cache manager ``self.kv``),
 ``self.executor``, ``self.clock()``, ``self.stats`` -- takes requests in (the siblings of an
 ``n > 1`` request wait in ``self.pending_siblings``) and ends them from outside
-(``self.finish_requests(ids, status)``), and reports every step ``step()`` returns to the step
-listeners. ``LLM(engine_core=ex.StepLoop)`` serves the model with it. The step is yours: it
-must leave the engine exactly as the rules below say, whatever happens inside it.
+(``self.finish_requests(ids, status)``), and its ``step()`` runs your ``run_step()`` and
+reports the step it returns to the step listeners. ``LLM(engine_core=ex.StepLoop)`` serves the
+model with it. The step is yours: it must leave the engine exactly as the rules below say,
+whatever happens inside it.
 
 The rules (``plan`` is what ``self.scheduler.schedule()`` returned; ``start`` is the clock
 before that call, ``end`` the clock once the step's last token is appended or, for a failed
@@ -45,7 +46,7 @@ step, once its requests have ended):
    waits in ``self.pending_siblings``.
 7. **Tokens.** The tokens appended are ``result.sampled`` -- or, with ``choose_tokens`` (beam
    search), ``choose_tokens(plan, result)`` -- less those of failed requests, by one call of
-   ``self.scheduler.update_from_output(tokens)`` (it applies the stop rules, frees the blocks of
+   ``self.scheduler.update_from_output(StepTokens(tokens))`` (it applies the stop rules, frees the blocks of
    the requests that end and returns those).
 8. **Statistics**: one ``self.stats.record_step`` per step, failed or not (its signature says
    what it takes), describing the engine as the step left it. The step's figures: a request of
@@ -91,6 +92,7 @@ from __future__ import annotations
 import logging
 
 from minivllm.core.engine_core import EngineStalledError, StepOutput, TokenChooser
+from minivllm.core.interfaces import StepTokens
 from minivllm.course.engine_core_base import EngineCoreBase
 from minivllm.request import RequestStatus
 
@@ -102,7 +104,7 @@ logger = logging.getLogger("minivllm")
 class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
-    def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
+    def run_step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
         """Run one engine step by the rules of this module's docstring and return its
         ``StepOutput``.
 
@@ -164,7 +166,7 @@ class StepLoop(EngineCoreBase):
                     forked += leader.num_computed_tokens
         tokens = result.sampled if choose_tokens is None else choose_tokens(plan, result)
         tokens = {rid: token for rid, token in tokens.items() if rid not in step_out.failed}
-        finished = sched.update_from_output(tokens)
+        finished = sched.update_from_output(StepTokens(tokens))
         end = self.clock()
         # a request that finished at its first token has left the scheduler: find it here
         stepped = {r.request_id: r for r in plan.requests}

@@ -41,9 +41,9 @@ class FaultyCore(EngineCore):
         super().__init__(scheduler, executor, **kwargs)
         executor.sampler = _PoisonRows(executor.sampler)
 
-    def step(self, choose_tokens=None):
+    def run_step(self, choose_tokens=None):
         if any(list(r.prompt_token_ids) == BOOM for r in self.scheduler.running):
             raise RuntimeError("boom in the model")
         if any(list(r.prompt_token_ids) == SLOW for r in self.scheduler.running):
             time.sleep(SLOW_STEP_S)
-        return super().step(choose_tokens)
+        return super().run_step(choose_tokens)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 import minivllm
+from minivllm.engine.core_client import local_core
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -21,7 +22,7 @@ def per_request_entries(llm) -> int:
     e = llm.engine
     return (
         len(e.output_processor.families) + len(e.output_processor.children)
-        + len(e.scheduler.requests) + sum(len(k) for k in e.core._pending_forks.values())
+        + len(local_core(e).scheduler.requests) + len(local_core(e).forks)
         + len(llm._inboxes)
     )
 
@@ -29,7 +30,7 @@ def per_request_entries(llm) -> int:
 def assert_idle_and_empty(llm) -> None:
     """No request left, every KV block free, the KV manager's invariants hold."""
     assert not llm.engine.has_unfinished_requests()
-    assert llm.engine.kv.num_used_blocks == 0
+    assert local_core(llm).kv.num_used_blocks == 0
     assert per_request_entries(llm) == 0
     llm.engine.check_invariants()
 

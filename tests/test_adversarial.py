@@ -14,7 +14,8 @@ import pytest
 from support import assert_idle_and_empty
 
 from minivllm import LLM, BeamSearchParams, SamplingParams
-from minivllm.engine.sampler import Sampler
+from minivllm.engine.core_client import local_core
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import GREEDY_TEMPERATURE, MAX_N, MAX_STOP_STRINGS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -146,7 +147,7 @@ class FailsForOnePrompt(Sampler):
 
 
 def test_a_sampling_fault_in_one_row_fails_that_request_only(llm, reference):
-    runner = llm.engine.runner
+    runner = local_core(llm).executor
     runner.sampler = FailsForOnePrompt(runner.sampler, llm.tokenizer(PROMPTS[1]).input_ids)
     try:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
@@ -194,7 +195,7 @@ def test_a_beam_width_beyond_the_vocabulary_is_refused_up_front(llm, vocab):
 def test_a_beam_search_whose_steps_fail_ends_with_the_error(llm, reference):
     """Before: the failed step never marked the beams done, and ``run`` stepped an empty engine
     forever while holding ``LLM``'s lock (every other thread's ``generate`` hung with it)."""
-    runner = llm.engine.runner
+    runner = local_core(llm).executor
     real, calls = runner.execute, []
 
     def flaky(out):
@@ -216,7 +217,7 @@ def test_a_beam_search_whose_steps_fail_ends_with_the_error(llm, reference):
 def test_a_beam_search_that_cannot_progress_stops_within_its_step_bound(llm, monkeypatch):
     """A token chooser that never advances a beam: the engine stalls or the step bound is hit,
     either way the caller gets an error and every beam is freed."""
-    from minivllm.engine import beam_search
+    from minivllm.core import beam_search
 
     monkeypatch.setattr(beam_search._BeamSearch, "groups_ready", lambda self: [])
     with pytest.raises(RuntimeError, match="planned nothing|did not finish within"):
@@ -258,7 +259,7 @@ def test_generated_ids_skip_ids_the_user_took(llm):
 
 # --- Ctrl-C ----------------------------------------------------------------------------------------
 def test_keyboard_interrupt_in_a_step_leaves_nothing_behind(llm, reference):
-    runner = llm.engine.runner
+    runner = local_core(llm).executor
     real, calls = runner.execute, []
 
     def interrupted(out):

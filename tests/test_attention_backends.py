@@ -21,6 +21,7 @@ from support import hf_greedy
 
 from minivllm import LLM, SamplingParams, attention
 from minivllm.config import ATTENTION_BACKENDS
+from minivllm.engine.core_client import local_core
 
 MAX_TOKENS = 12
 TORCH_BACKENDS = ["torch", "torch_padded"]
@@ -55,7 +56,7 @@ def test_backend_names():
 @pytest.mark.parametrize("backend", TORCH_BACKENDS)
 def test_greedy_tokens_match_transformers(backend, setup, prompts, hf_tokens):
     llm = LLM(attention_backend=backend, debug_checks=True, **SETUPS[setup])
-    assert llm.engine.model.attention_layers[0].backend.name == backend
+    assert local_core(llm).executor.model.attention_layers[0].backend.name == backend
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     mismatched = [i for i, (g, want) in enumerate(zip(got, hf_tokens, strict=True)) if g != want]
@@ -68,7 +69,7 @@ def test_greedy_tokens_match_transformers(backend, setup, prompts, hf_tokens):
         assert mixed, "some steps should mix prompt chunks with decodes"
     else:
         assert stats.summary()["padding_tokens"] > 0
-    assert llm.engine.kv.num_used_blocks == 0
+    assert local_core(llm).kv.num_used_blocks == 0
 
 
 # --- a pool that starts poisoned ------------------------------------------------------------
@@ -94,7 +95,7 @@ def serve(backend: str, setup: str, fill: float | None, max_tokens: int):
     layer's K/V cache set to ``fill`` before the run (``None``: the zeroed pool as allocated)."""
     llm = LLM(attention_backend=backend, dtype="float32", **POISON_SETUPS[setup])
     if fill is not None:
-        for k_cache, v_cache in llm.engine.runner.kv_caches:
+        for k_cache, v_cache in local_core(llm).executor.kv_caches:
             k_cache.fill_(fill)
             v_cache.fill_(fill)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -162,6 +163,6 @@ def test_a_plugin_backend_is_used_as_given_and_asked_about_its_cache(monkeypatch
     llm = LLM(attention_backend=picky, block_size=32, num_kv_blocks=8, max_model_len=64, device="cpu",
               dtype="float32")
     assert picky.asked[-1] == (32, torch.float32, "cpu")
-    assert all(layer.backend is picky for layer in llm.engine.model.attention_layers)
+    assert all(layer.backend is picky for layer in local_core(llm).executor.model.attention_layers)
     out = llm.generate([[1, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3

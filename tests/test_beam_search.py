@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minivllm import LLM, BeamSearchParams
+from minivllm.engine.core_client import local_core
 
 PROMPTS = ["Once upon a time", "The little fox", "Tom went to the", "Q: What color is the sky?"]
 
@@ -30,7 +31,7 @@ def test_best_beam_matches_transformers(tiny_hf_model, width):
         ended_by_eos += best.finished_by_eos
         assert [s.score for s in out.sequences] == sorted((s.score for s in out.sequences), reverse=True)
     assert ended_by_eos > 0, "the test should cover beams that end with EOS"
-    assert llm.engine.kv.num_used_blocks == 0, "beam search leaked blocks"
+    assert local_core(llm).kv.num_used_blocks == 0, "beam search leaked blocks"
     saved = max(s.kv_blocks_saved_by_sharing for s in llm.stats().steps)
     assert saved > 0, "beams should share KV blocks"
 

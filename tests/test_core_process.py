@@ -16,7 +16,7 @@ import pytest
 from core_faults import POISON, FaultyCore
 
 from minivllm import LLM, BeamSearchParams, SamplingParams
-from minivllm.engine.core_client import EngineDeadError
+from minivllm.engine.core_client import EngineDeadError, local_core
 from minivllm.metrics import EngineStats
 
 PROMPTS = ["Once upon a time", "The little fox", "Mia had a red ball", "One sunny day, Leo"]
@@ -113,11 +113,17 @@ def test_statistics_come_from_the_core(apart):
     assert stats.num_steps >= 5
 
 
-def test_what_lives_in_the_core_process_is_refused_with_a_reason(apart):
-    with pytest.raises(AttributeError, match="engine_core_process=True"):
-        apart.engine.scheduler  # noqa: B018
+def test_the_core_process_keeps_its_objects_and_runs_beam_search_there(here, apart):
+    """Nothing of a core in its own process can be looked at here (``local_core`` says why), but
+    everything reaches it through its client: beam search runs in the core process and gives the
+    sequences of the core in this process."""
     with pytest.raises(ValueError, match="engine_core_process=False"):
-        apart.beam_search(PROMPTS[0], BeamSearchParams(beam_width=2, max_tokens=4))
+        local_core(apart)
+    params = BeamSearchParams(beam_width=2, max_tokens=5)
+    there = apart.beam_search(PROMPTS[:2], params)
+    assert [[(s.token_ids, s.text) for s in o.sequences] for o in there] == [
+        [(s.token_ids, s.text) for s in o.sequences] for o in here.beam_search(PROMPTS[:2], params)]
+    assert state(apart).num_unfinished == 0
 
 
 def test_engine_arguments_that_cannot_reach_the_core_process_are_refused():

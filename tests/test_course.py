@@ -177,7 +177,7 @@ def test_load_gives_a_fresh_module_each_time():
 # exercise 08's step, in pieces that the mutants below move around
 _EX08_COMMIT = "        kv.commit_written_blocks()  # the K/V exists now, and nothing of the step is freed yet\n"
 _EX08_EXEC = "        try:\n            result = self.executor.execute(plan)\n"
-_EX08_UPDATE = "        finished = sched.update_from_output(tokens)\n        end = self.clock()\n"
+_EX08_UPDATE = "        finished = sched.update_from_output(StepTokens(tokens))\n        end = self.clock()\n"
 _EX08_STAMP_SCHEDULED = ("        for req in plan.requests:\n            if req.first_scheduled_time is None:\n"
                          "                req.first_scheduled_time = start\n")
 _EX08_FINISH = ("        for req in finished:  # after the first-token times: the statistics keep what they read\n"

@@ -72,25 +72,26 @@ def test_samples_aborts_and_the_records_of_the_real_engine(llm):
 
 
 def test_a_plug_in_step_loop_is_recorded_once_per_step():
-    """A step loop written from scratch calls no listener; EngineCore reports its steps anyway,
-    and once each (a run would raise on a second report)."""
-    from minivllm.core.engine_core import EngineCore, StepOutput
+    """A step loop written from scratch calls no listener; the base's step() reports its steps
+    anyway, and once each (a run would raise on a step() that ran and reported two)."""
+    from minivllm.core.engine_core import EngineCoreBase, StepOutput
+    from minivllm.core.interfaces import StepTokens
 
-    class Plain(EngineCore):  # calls no listener itself
-        def step(self, choose_tokens=None):
+    class Plain(EngineCoreBase):  # calls no listener itself
+        def run_step(self, choose_tokens=None):
             start = self.clock()
             out = self.scheduler.schedule()
+            self.begin_step(out)
             result = self.executor.execute(out)
             self.kv.commit_written_blocks()
-            finished = self.scheduler.update_from_output(result.sampled)
+            finished = self.scheduler.update_from_output(StepTokens(result.sampled))
             self.stats.record_step(self.scheduler, out, start, 0.0)
             return StepOutput(out, start, self.clock(), sampled=result.sampled, finished=finished)
 
-    class Chatty(Plain):  # reports its step a second time
+    class Greedy(Plain):  # one step() call runs (and reports) two steps
         def step(self, choose_tokens=None):
-            step_out = super().step(choose_tokens)
-            self._notify(step_out)
-            return step_out
+            super().step(choose_tokens)
+            return super().step(choose_tokens)
 
     args = dict(num_kv_blocks=8, max_model_len=64, enable_prefix_caching=False)
     trace = [TraceRequest("a", "Once upon a time", 3)]
@@ -98,4 +99,4 @@ def test_a_plug_in_step_loop_is_recorded_once_per_step():
     assert [s.step for s in run.steps] == [0, 1, 2]
     assert run.tokens["a"] == run_trace(LLM(**args), trace).tokens["a"]
     with pytest.raises(RuntimeError, match="reported 2 steps to its step listeners for step 0"):
-        run_trace(LLM(engine_core=Chatty, **args), trace)
+        run_trace(LLM(engine_core=Greedy, **args), trace)

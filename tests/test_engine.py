@@ -14,6 +14,7 @@ import pytest
 from support import hf_greedy
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.core_client import local_core
 
 NUM_PROMPTS = 32
 MAX_TOKENS = 24
@@ -59,7 +60,7 @@ def test_greedy_matches_transformers(setup, ragged_prompts, hf_reference):
         assert max(s.batch_tokens for s in llm.stats().steps) <= 8
     if setup == "static_batching":
         assert stats["padding_tokens"] > 0
-    assert llm.engine.kv.num_used_blocks == 0, "blocks leaked"
+    assert local_core(llm).kv.num_used_blocks == 0, "blocks leaked"
 
 
 def test_finish_reasons_and_eos(ragged_prompts, hf_reference):
@@ -145,7 +146,7 @@ def test_thousand_requests_through_a_tiny_pool():
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert len(outs) == 1000 and len({o.request_id for o in outs}) == 1000
     assert all(len(o.outputs[0].token_ids) == p.max_tokens for o, p in zip(outs, params))
-    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+    assert local_core(llm).kv.num_free_blocks == local_core(llm).kv.num_blocks
     assert not llm.engine.has_unfinished_requests()
 
 
@@ -201,13 +202,13 @@ def test_abort_frees_blocks_and_others_finish():
     e.step()
     e.step()
     e.abort_request("b")
-    assert "b" not in e.kv.req_to_blocks
+    assert "b" not in local_core(e).kv.req_to_blocks
     done = {}
     while e.has_unfinished_requests():
         for o in e.step():
             done[o.request_id] = o
     assert set(done) == {"a", "c"} and all(len(o.outputs[0].token_ids) == 30 for o in done.values())
-    assert e.kv.num_used_blocks == 0
+    assert local_core(e).kv.num_used_blocks == 0
 
 
 def test_metrics_are_recorded_per_step_and_per_request():
@@ -247,7 +248,7 @@ def test_detokenizer_cuts_at_the_earliest_stop_string():
 
 def test_step_listener_sees_every_step_and_can_be_removed():
     llm = LLM(seed=0)
-    core = llm.engine.core
+    core = local_core(llm)
     seen = []
     remove = core.add_step_listener(seen.append)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -267,19 +268,19 @@ def test_step_listener_sees_every_step_and_can_be_removed():
 
 def test_step_listener_sees_the_steps_of_a_plug_in_step_loop():
     """LLM(engine_core=...) with exercise 08's reference loop (an EngineCoreBase subclass) and
-    with a subclass whose step wraps minivllm's: every step reported, exactly once."""
+    with a subclass whose run_step wraps minivllm's: every step reported, exactly once."""
     from minivllm import course
     from minivllm.core.engine_core import EngineCore
 
     class Wrapping(EngineCore):
-        def step(self, choose_tokens=None):
-            return super().step(choose_tokens)
+        def run_step(self, choose_tokens=None):
+            return super().run_step(choose_tokens)
 
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     for core_cls in (course.load("ex08_engine_step", solutions=True).StepLoop, Wrapping):
         llm = LLM(engine_core=core_cls)
         seen = []
-        llm.engine.core.add_step_listener(seen.append)
+        local_core(llm).add_step_listener(seen.append)
         llm.generate(["Once upon a time", "The little fox"], params, use_tqdm=False)
         assert len(seen) == llm.stats().num_steps, core_cls.__name__
         assert sum(len(s.sampled) for s in seen) == 10, core_cls.__name__

@@ -19,7 +19,8 @@ from support import assert_idle_and_empty
 
 import minivllm
 from minivllm import LLM, BeamSearchParams, SamplingParams
-from minivllm.engine.sampler import Sampler
+from minivllm.engine.core_client import local_core
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import MAX_N
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -137,7 +138,7 @@ class PoisonedSampler(Sampler):
 
 def test_nan_logits_fail_one_request_and_spare_the_rest(llm, reference):
     victim = llm.tokenizer(PROMPTS[1]).input_ids
-    runner = llm.engine.runner
+    runner = local_core(llm).executor
     runner.sampler = PoisonedSampler(runner.sampler, victim)
     try:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
@@ -164,7 +165,7 @@ class FlakyExecutor:
 
 
 def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on(llm, reference, caplog):
-    core = llm.engine.core
+    core = local_core(llm)
     real = core.executor
     core.executor = FlakyExecutor(real)
     try:

@@ -39,6 +39,7 @@ from minivllm.attention.testing import (
 )
 from minivllm.config import KV_CACHE_DTYPES as CONFIG_KV_CACHE_DTYPES
 from minivllm.config import EngineArgs
+from minivllm.engine.core_client import local_core
 from minivllm.model.config import INT8_SCALE_BYTES, ModelConfig
 
 
@@ -139,16 +140,16 @@ def test_pool_sizing_follows_the_layout():
     memory = 3 << 20
     engines = {d: LLM(kv_cache_dtype=d, dtype="float32", kv_cache_memory=memory, max_model_len=256).engine
                for d in ("auto", "int8")}
-    cfg = engines["auto"].model.config
+    cfg = engines["auto"].model_config
     per_token = {"auto": cfg.kv_bytes_per_token(4), "int8": cfg.kv_bytes_per_token(1, "int8")}
     assert per_token["int8"] == 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.head_dim + 4)
     for d, engine in engines.items():
-        assert engine.kv.num_blocks == memory // (per_token[d] * engine.kv.block_size)
-        caches = engine.runner.kv_caches
+        assert local_core(engine).kv.num_blocks == memory // (per_token[d] * local_core(engine).kv.block_size)
+        caches = local_core(engine).executor.kv_caches
         nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in caches)
-        assert nbytes == engine.kv.num_blocks * engine.kv.block_size * per_token[d]
-    assert engines["int8"].runner.kv_caches[0][0].dtype == torch.int8
-    ratio = engines["int8"].kv.num_blocks / engines["auto"].kv.num_blocks
+        assert nbytes == local_core(engine).kv.num_blocks * local_core(engine).kv.block_size * per_token[d]
+    assert local_core(engines["int8"]).executor.kv_caches[0][0].dtype == torch.int8
+    ratio = local_core(engines["int8"]).kv.num_blocks / local_core(engines["auto"]).kv.num_blocks
     assert ratio == pytest.approx(per_token["auto"] / per_token["int8"], rel=0.02)  # 128 / 36 for head_dim 32
     assert ratio > 3.4
 
@@ -166,7 +167,7 @@ def test_prefix_hits_and_copy_on_write_give_the_same_tokens():
     assert hits.stats().prefix_hit_rate > 0 and cold.stats().prefix_hit_rate == 0
     forked = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=2)
     outs = hits.generate(prompts[:2], forked, use_tqdm=False)
-    assert hits.engine.kv.num_cow_copies > 0, "the fork should copy a shared partial block"
+    assert local_core(hits).kv.num_cow_copies > 0, "the fork should copy a shared partial block"
     for o, want in zip(outs, greedy(cold, prompts[:2], SamplingParams(temperature=0, max_tokens=6,
                                                                         ignore_eos=True)), strict=True):
         assert [c.token_ids for c in o.outputs] == [want, want]
@@ -203,7 +204,7 @@ def test_a_poisoned_int8_pool_changes_no_token(backend):
     llm = LLM(**args)
     gen = torch.Generator().manual_seed(1)
     nan = torch.tensor([math.nan], dtype=torch.float32).view(torch.int8)
-    for k_cache, v_cache in llm.engine.runner.kv_caches:
+    for k_cache, v_cache in local_core(llm).executor.kv_caches:
         for cache in (k_cache, v_cache):
             cache.copy_(torch.randint(-128, 128, cache.shape, generator=gen, dtype=torch.int8))
             cache[..., -SCALE_BYTES:] = nan

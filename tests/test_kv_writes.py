@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from minivllm.config import EngineArgs, build_scheduler
 from minivllm.core.engine_core import EngineCore
-from minivllm.core.interfaces import ModelRunnerOutput
+from minivllm.core.interfaces import ModelRunnerOutput, StepTokens
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_write_tracker import KVWriteTracker
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
@@ -137,7 +137,7 @@ def priority_preemption_after_a_prefix_hit(kv) -> list[str]:
             tracker.check_step(out)
         except AssertionError as err:
             problems.append(str(err))
-        sched.update_from_output({r.request_id: 1 for r in out.sampling_requests})
+        sched.update_from_output(StepTokens({r.request_id: 1 for r in out.sampling_requests}))
         return out
 
     sched.add_request(Request("long", prefix + [1, 2, 3], params, priority=9, arrival_time=0.0))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from minivllm import LLM, SamplingParams
 from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface, check_implements
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.engine.core_client import local_core
 from minivllm.request import RequestStatus
 
 
@@ -123,9 +124,9 @@ class FifoScheduler:
             budget -= num_new
         return out
 
-    def update_from_output(self, sampled_token_ids):
+    def update_from_output(self, tokens):
         finished = []
-        for rid, token in sampled_token_ids.items():
+        for rid, token in tokens.sampled.items():
             req = self.requests[rid]
             req.all_token_ids.append(token)
             status = req.check_stop(token, self.config.max_model_len)
@@ -227,15 +228,15 @@ def test_a_third_party_kv_cache_manager_under_preemption(reference_tokens):
 
 def test_a_third_party_scheduler_serves_the_model(reference_tokens):
     llm = LLM(max_model_len=128, num_kv_blocks=64, scheduler=FifoScheduler, debug_checks=True)
-    assert isinstance(llm.engine.scheduler, FifoScheduler)
+    assert isinstance(local_core(llm).scheduler, FifoScheduler)
     assert tokens(llm) == reference_tokens
-    assert llm.engine.kv.num_used_blocks == 0
+    assert local_core(llm).kv.num_used_blocks == 0
 
 
 def test_a_third_party_attention_backend_serves_the_model(reference_tokens):
     llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False,
               attention_backend=LoopAttention())
-    assert llm.engine.model.attention_layers[0].backend.name == "loop"
+    assert local_core(llm).executor.model.attention_layers[0].backend.name == "loop"
     assert tokens(llm) == reference_tokens
 
 
@@ -309,15 +310,17 @@ def test_a_scheduling_policy_plugs_into_engine_and_simulator(reference_tokens):
 
 def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
     """The smallest engine step: plan, run, let the blocks join the cache, append the tokens."""
-    from minivllm.core.engine_core import EngineCore, StepOutput
+    from minivllm.core.engine_core import EngineCoreBase, StepOutput
+    from minivllm.core.interfaces import StepTokens
 
-    class PlainCore(EngineCore):
-        def step(self, choose_tokens=None):
+    class PlainCore(EngineCoreBase):
+        def run_step(self, choose_tokens=None):
             start = self.clock()
             plan = self.scheduler.schedule()
+            self.begin_step(plan)
             result = self.executor.execute(plan)
             self.kv.commit_written_blocks()
-            finished = self.scheduler.update_from_output(result.sampled)
+            finished = self.scheduler.update_from_output(StepTokens(result.sampled))
             now = self.clock()
             for req in finished:
                 self.record_finish(req, now)
@@ -325,7 +328,7 @@ def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
             return StepOutput(plan, start, now, sampled=result.sampled, finished=finished)
 
     llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False, engine_core=PlainCore)
-    assert type(llm.engine.core) is PlainCore
+    assert type(local_core(llm)) is PlainCore
     assert tokens(llm) == reference_tokens
 
 
@@ -380,6 +383,6 @@ def test_the_static_baseline_is_no_forking_scheduler():
     from minivllm.core.interfaces import ForkingScheduler
 
     llm = LLM(scheduler="static", num_kv_blocks=64, max_model_len=128)
-    assert not isinstance(llm.engine.scheduler, ForkingScheduler) and not llm.engine.can_fork
+    assert not isinstance(local_core(llm).scheduler, ForkingScheduler) and not llm.engine.can_fork
     out = llm.generate("Once upon a time", SamplingParams(n=3, temperature=0, max_tokens=4), use_tqdm=False)[0]
     assert len({tuple(c.token_ids) for c in out.outputs}) == 1  # three independent greedy requests

@@ -10,8 +10,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from minivllm.engine.sampler import Sampler
 from minivllm.request import Request
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
 
@@ -145,8 +145,8 @@ def test_zeros_in_the_noise_never_draw_a_token_of_probability_zero(monkeypatch):
     takes. With every noise value 0, a top-k row still draws one of its k tokens."""
     import torch
 
-    from minivllm.engine.sampler import Sampler
     from minivllm.request import Request
+    from minivllm.sample.sampler import Sampler
     from minivllm.sampling_params import SamplingParams
 
     monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *a, **k: self.zero_())

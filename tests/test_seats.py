@@ -12,13 +12,14 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, BeamSearchParams, SamplingParams
+from minivllm.engine.core_client import local_core
 
 PROMPT = "Once upon a time"
 
 
 def watch_seats(llm: LLM) -> list[int]:
     """Sequences running in each step: those its plan computes, and those holding a seat after it."""
-    core, seen = llm.engine.core, []
+    core, seen = local_core(llm), []
 
     def listener(step) -> None:
         seen.append(max(len(step.scheduler_output.requests), len(core.scheduler.running)))
@@ -30,7 +31,7 @@ def watch_seats(llm: LLM) -> list[int]:
 def assert_idle(llm: LLM) -> None:
     engine = llm.engine
     assert not engine.has_unfinished_requests() and engine.get_num_unfinished_requests() == 0
-    assert engine.kv.num_used_blocks == 0 and not engine.scheduler.requests
+    assert local_core(engine).kv.num_used_blocks == 0 and not local_core(engine).scheduler.requests
     engine.check_invariants()
 
 
@@ -71,7 +72,7 @@ def test_siblings_waiting_for_seats_end_with_their_first_token_or_an_abort():
     engine = llm.engine
     rid = engine.add_request(None, PROMPT, SamplingParams(n=6, temperature=1.0, seed=1, max_tokens=20))
     engine.step()
-    assert len(engine.scheduler.running) == 2 and engine.scheduler.num_waiting == 4  # 1 leader, 5 siblings
+    assert len(local_core(engine).scheduler.running) == 2 and local_core(engine).scheduler.num_waiting == 4  # 1 leader, 5 siblings
     final = llm.abort(rid)
     assert {c.finish_reason for c in final[0].outputs} == {"abort"}
     assert_idle(llm)

@@ -33,6 +33,7 @@ pytest.importorskip("uvicorn")
 
 import minivllm  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.engine.core_client import local_core  # noqa: E402
 from minivllm.entrypoints import AsyncLLM  # noqa: E402
 from minivllm.entrypoints.launcher import DEFAULT_MODEL_NAME, start_in_thread  # noqa: E402
 
@@ -508,7 +509,7 @@ def test_shutdown_drains_then_aborts_running_streams(mode):
     if mode == "process":
         assert llm.engine.core_client.proc.returncode == 0, "the core process must have exited cleanly"
     else:
-        assert not llm.engine.has_unfinished_requests() and llm.engine.kv.num_used_blocks == 0
+        assert not llm.engine.has_unfinished_requests() and local_core(llm).kv.num_used_blocks == 0
     with pytest.raises(httpx.TransportError):
         httpx.get(srv.url + "/health", timeout=5)
 
@@ -685,6 +686,6 @@ def test_the_2026_stack_from_the_command_line_serves_the_engines_text():
         text = httpx.get(srv.url + "/metrics", timeout=10).text
     want = want_llm.generate(PROMPTS, greedy(24), use_tqdm=False)
     assert [c.text for c in resp.choices] == [w.outputs[0].text for w in want]
-    float_blocks = LLM(kv_cache_memory=8 << 20, max_num_seqs=8, seed=0).engine.kv.num_blocks
-    assert blocks == want_llm.engine.kv.num_blocks > float_blocks  # the int8 layout, the same memory
+    float_blocks = local_core(LLM(kv_cache_memory=8 << 20, max_num_seqs=8, seed=0)).kv.num_blocks
+    assert blocks == local_core(want_llm).kv.num_blocks > float_blocks  # the int8 layout, the same memory
     assert float(re.search(r"^\S*spec_decode_num_draft_tokens\S* (\S+)$", text, re.M).group(1)) > 0

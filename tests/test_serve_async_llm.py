@@ -19,6 +19,7 @@ import pytest
 from core_faults import BOOM, POISON, FaultyCore
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.core_client import local_core
 from minivllm.entrypoints import AsyncLLM, EngineDeadError, QueueFullError, RequestFailedError
 from minivllm.entrypoints.async_llm import merge_delta
 from minivllm.outputs import CompletionOutput, RequestOutput, RequestOutputKind
@@ -338,7 +339,7 @@ def test_shutdown_aborts_running_requests_and_refuses_new_ones(loop, mode):
     if mode == "process":
         assert served.engine.core_client.proc.returncode == 0, "the core process must have exited cleanly"
     else:
-        assert not served.engine.has_unfinished_requests() and served.engine.kv.num_used_blocks == 0
+        assert not served.engine.has_unfinished_requests() and local_core(served).kv.num_used_blocks == 0
 
 
 @pytest.mark.parametrize("mode", MODES)

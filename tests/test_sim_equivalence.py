@@ -18,6 +18,7 @@ import pytest
 
 import minivllm
 from minivllm import LLM, workloads
+from minivllm.engine.core_client import local_core
 from minivllm.sim import ModelSpec, Simulator
 from minivllm.workloads import Trace, TraceItem
 
@@ -46,7 +47,7 @@ def run_engine(model_dir: Path, trace: Trace, engine_args: dict):
     llm = LLM(str(model_dir), **engine_args)
     engine = llm.engine
     log: list[list[tuple[str, int]]] = []
-    engine.core.add_step_listener(lambda step: log.append(step.scheduler_output.decisions()))
+    local_core(engine).add_step_listener(lambda step: log.append(step.scheduler_output.decisions()))
     stats = workloads.run_on_engine(llm, trace)
     engine.check_invariants()
     return log, stats

@@ -18,6 +18,7 @@ from support import assert_idle_and_empty, save_random_checkpoint
 
 import minivllm
 from minivllm import LLM, SamplingParams
+from minivllm.engine.core_client import local_core
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.ngram import propose_ngram
 from minivllm.spec_decode.rejection import verify
@@ -205,7 +206,7 @@ def test_a_failing_draft_model_fails_no_request(reference_outputs, caplog):
     go on without drafts and their tokens are the same."""
     params, ref = reference_outputs
     llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3})
-    draft = llm.engine._built.runner.speculative.draft
+    draft = local_core(llm).executor.speculative.draft
     calls = {"n": 0}
     real = draft.propose
 
@@ -284,7 +285,7 @@ def test_rejected_drafts_give_their_blocks_back_and_never_enter_the_prefix_cache
     k = 6
     llm = LLM(TINY, speculative_config={"model": str(random_draft), "num_speculative_tokens": k},
               block_size=4, debug_checks=True)
-    core, kv = llm.engine.core, llm.engine.kv
+    core, kv = local_core(llm), local_core(llm).kv
     seen: list[int] = []
 
     def check(step_out):
@@ -340,13 +341,17 @@ def test_json_text_is_a_speculative_config():
     assert SpeculativeConfig.parse({"model": "/m", "num_speculative_tokens": 2}).method == "draft_model"
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"scheduler": "static"}, "scheduler='continuous'"),
-    ({"kv_cache": "contiguous"}, "kv_cache='paged'"),
-    ({"max_num_batched_tokens": 4}, "max_num_batched_tokens=4"),
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"scheduler": "static"}, TypeError, "StaticBatchScheduler does not implement .*SpeculativeScheduler.*"
+                                         "missing update_draft_token_ids"),
+    ({"kv_cache": "contiguous"}, TypeError, "ContiguousKVCacheManager does not implement "
+                                            ".*SpeculativeKVCacheManager.*missing trim"),
+    ({"max_num_batched_tokens": 4}, ValueError, "max_num_batched_tokens=4"),
 ])
-def test_engines_that_cannot_roll_back_drafts_refuse_speculation(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_engines_that_cannot_roll_back_drafts_refuse_speculation(kwargs, error, match):
+    """The parts must implement speculative decoding's protocols: the error names the member a
+    part lacks (the baselines have no rollback), or the budget that cannot hold k drafts."""
+    with pytest.raises(error, match=match):
         LLM(TINY, speculative_config={"method": "ngram", "num_speculative_tokens": 4}, **kwargs)
 
 
@@ -399,8 +404,8 @@ def test_parallel_samples_speculate_with_a_draft_model(reference_outputs):
 def test_non_finite_logits_fail_only_their_request():
     """A NaN or inf in one request's verification rows fails that request; the others of the
     step are verified as usual."""
-    from minivllm.engine.sampler import Sampler
     from minivllm.request import Request
+    from minivllm.sample.sampler import Sampler
     from minivllm.spec_decode.decoder import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(SpeculativeConfig.parse(NGRAM), Sampler(seed=0), max_model_len=64)

@@ -158,6 +158,12 @@ class EngineCoreLoop:
                 (window,) = call.args
                 core.stats.window = window
                 value = None
+            elif call.method == "request_ids":
+                value = core.request_ids()
+            elif call.method == "beam_search":
+                from minivllm.core.beam_search import run_beam_search
+
+                value = run_beam_search(core, *call.args, eos_token_ids=self.eos_token_ids)
             else:  # "state"
                 value = core_state(core)
         except Exception as error:  # noqa: BLE001 - the answer carries the error back

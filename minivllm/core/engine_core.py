@@ -6,7 +6,8 @@
                         the simulator's cost model: a clock, placeholder tokens
     commit            blocks the step filled join the prefix cache (their K/V now exists)
     fork              n > 1: the siblings of a request that sampled its first token fork off it
-    update            tokens appended, stop rules, finished requests free their blocks
+    update            the scheduler appends the tokens (StepTokens: speculative decoding's
+                      verdicts included), applies the stop rules, frees finished requests
     record            one StepStats, request timestamps: the same code for engine and simulator
     report            the step's StepOutput goes to every step listener
 
@@ -15,6 +16,13 @@ The real engine (``minivllm.engine.LLMEngine``), the GPU-scale simulator
 It is pure Python: the executor is the only part that may touch tensors, and of the scheduler
 and the KV cache manager it uses only what their protocols (``minivllm.core.interfaces``)
 declare. What the prefix cache saved is read off the step's plan, not asked of the parts.
+
+:class:`EngineCoreBase` is what every step loop stands on and none of them decides: the parts,
+taking requests in and ending them from outside, the siblings of ``n > 1`` requests waiting for
+their leader (:class:`~minivllm.core.forks.PendingForks`), and reporting. Its :meth:`step
+<EngineCoreBase.step>` runs the subclass's :meth:`~EngineCoreBase.run_step` and hands the result
+to the step listeners (and, with ``debug_checks``, checks the KV invariants after it).
+:class:`EngineCore` is minivllm's loop; exercise 08 writes another on the same base.
 
 Failure semantics (see ``docs/architecture.md``): a request whose row cannot be sampled
 (``ModelRunnerOutput.failed``) ends with status ``FINISHED_ERROR`` and its blocks are freed; an
@@ -26,12 +34,12 @@ rest. Nothing waits forever: a step that plans nothing while requests wait raise
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from minivllm.core.forks import PendingForks
 from minivllm.core.interfaces import (
     Executor,
     ForkingKVCacheManager,
@@ -39,6 +47,7 @@ from minivllm.core.interfaces import (
     Logprobs,
     ModelRunnerOutput,
     SchedulerInterface,
+    StepTokens,
 )
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.metrics import EngineStats
@@ -78,37 +87,13 @@ class StepOutput:
     accepted: dict[str, list[int]] = field(default_factory=dict)
 
 
-def reports_to_listeners(step: Callable[..., StepOutput]) -> Callable[..., StepOutput]:
-    """Wrap a step loop's ``step`` so that the :class:`StepOutput` it returns reaches the step
-    listeners (:meth:`EngineCore.add_step_listener`) and, with ``debug_checks=True``, the KV
-    cache manager's invariants are checked after it -- whatever the loop does inside.
-    ``EngineCore.step`` is wrapped here, and the ``step`` of every subclass when the class is
-    created (``EngineCore.__init_subclass__``), so a plug-in loop (``LLM(engine_core=MyCore)``)
-    is reported and checked exactly like minivllm's own. A step that raises (a ``KeyboardInterrupt``
-    it passes on, an :class:`EngineStalledError`) returned no output and is not reported. A
-    ``step`` that calls ``super().step()`` reports once, from the outer call."""
+class EngineCoreBase:
+    """The parts and the bookkeeping every step loop needs, none of the step's decisions.
 
-    @functools.wraps(step)
-    def step_and_report(self: EngineCore, *args, **kwargs) -> StepOutput:
-        if self._in_step:  # an inner call (super().step()): the outer one reports
-            return step(self, *args, **kwargs)
-        self._in_step = True
-        try:
-            step_out = step(self, *args, **kwargs)
-        finally:
-            self._in_step = False
-        if self.debug_checks:
-            self.check_invariants()
-        self._notify(step_out)
-        return step_out
-
-    return step_and_report
-
-
-class EngineCore:
-    """Owns a scheduler (and through it the KV cache manager), an executor, the step loop and
-    the statistics. ``clock`` gives the time: wall-clock for the engine, the simulated clock
-    for the simulator."""
+    Owns a scheduler (and through it the KV cache manager), an executor, a clock (wall-clock for
+    the engine, the simulated clock for the simulator) and the statistics; takes requests in and
+    ends them from outside; runs one step at a time: :meth:`step` calls the subclass's
+    :meth:`run_step` and reports what it returns."""
 
     def __init__(
         self,
@@ -124,27 +109,14 @@ class EngineCore:
         self.clock = clock
         self.stats = stats if stats is not None else EngineStats()
         self.debug_checks = debug_checks
-        # n > 1: leader request id -> siblings to fork off it when it samples its first token
-        self._pending_forks: dict[str, list[Request]] = {}
+        self.forks = PendingForks()  # n > 1: siblings waiting for their leader's first token
         self._finished_since_last_step: set[str] = set()
         self._step_listeners: list[StepListener] = []
-        self._in_step = False
-        # what the prefix cache and forking saved in the current step (prompt tokens):
-        # looked up, found in the cache, shared by forked siblings
-        self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
-        # speculative decoding in the current step: drafts verified, drafts accepted
-        self._spec_counts = (0, 0)
         self.kv_write_tracker = None
         if debug_checks:
             from minivllm.core.kv_write_tracker import KVWriteTracker
 
             self.kv_write_tracker = KVWriteTracker(scheduler.kv.block_size)
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        """A subclass's own ``step`` (a plug-in step loop) reports to the step listeners too."""
-        super().__init_subclass__(**kwargs)
-        if "step" in cls.__dict__:
-            cls.step = reports_to_listeners(cls.__dict__["step"])
 
     @property
     def kv(self):
@@ -156,12 +128,47 @@ class EngineCore:
         (the static baseline and the contiguous cache cannot share)."""
         return isinstance(self.scheduler, ForkingScheduler) and isinstance(self.kv, ForkingKVCacheManager)
 
+    @property
+    def pending_siblings(self) -> dict[str, list[Request]]:
+        """``n > 1``: leader request id -> its siblings that have not forked off it yet (they
+        are in no queue of the scheduler). ``add_request`` fills it; ``finish_requests`` removes
+        the siblings it ends; forking them off their leader is the step's."""
+        return self.forks.waiting
+
+    # --- the step ------------------------------------------------------------------------------
+    def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
+        """Run one step (:meth:`run_step`) and report it: the :class:`StepOutput` goes to every
+        step listener and, with ``debug_checks=True``, the KV cache manager's invariants are
+        checked after it. A step that raises (a ``KeyboardInterrupt`` it passes on, an
+        :class:`EngineStalledError`) returned no output and is not reported."""
+        step_out = self.run_step(choose_tokens)
+        if self.debug_checks:
+            self.check_invariants()
+        for listener in tuple(self._step_listeners):
+            listener(step_out)
+        return step_out
+
+    def run_step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
+        """One step of the loop: the subclass's. ``choose_tokens`` (beam search) may replace the
+        sampled tokens: it gets the plan and the executor's output and returns
+        ``{request_id: token}`` to append (a request left out gets no token this step)."""
+        raise NotImplementedError(f"{type(self).__name__} must define run_step(): the step loop is the subclass's")
+
+    def begin_step(self, out: SchedulerOutput) -> None:
+        """What any step loop tells the executor before it runs a plan, once per plan: the
+        requests that ended since the last step (``out.finished_req_ids``); with
+        ``debug_checks``, check that every K/V slot the step reads holds what was written for
+        that very token."""
+        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
+        if self.kv_write_tracker is not None:
+            self.kv_write_tracker.check_step(out)
+
     # --- observing steps ---------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
         """Call ``listener(step_output)`` after every step, a failed one included, with what the
         step planned (``step_output.scheduler_output``) and what it did (tokens, finished and
-        failed requests) -- for minivllm's step loop and for a subclass's alike (see
-        :func:`reports_to_listeners`). Tests, the course and benchmarks watch the scheduler's
+        failed requests) -- for every step loop alike (:meth:`step` reports what
+        :meth:`run_step` returns). Tests, the course and benchmarks watch the scheduler's
         decisions this way instead of wrapping its methods. The engine's state is the one the
         step left (``self.scheduler.running`` holds the requests that go on). A listener must not
         change that state; one that raises propagates out of ``step()``. Returns a function that
@@ -176,10 +183,6 @@ class EngineCore:
 
         return remove
 
-    def _notify(self, step_out: StepOutput) -> None:
-        for listener in tuple(self._step_listeners):
-            listener(step_out)
-
     # --- requests --------------------------------------------------------------------------
     def add_request(self, request: Request, siblings: Sequence[Request] = ()) -> None:
         """Queue ``request``. ``siblings`` (parallel sampling): requests with the same prompt
@@ -187,25 +190,25 @@ class EngineCore:
         needs a seat; one that finds none waits for it, see ``ForkingScheduler.fork_request``);
         if this engine cannot fork they are queued as independent requests."""
         for r in (request, *siblings):
-            if r.request_id in self.scheduler.requests or self._is_pending_sibling(r.request_id):
+            if r.request_id in self.scheduler.requests or self.forks.holds(r.request_id):
                 raise ValueError(f"request_id {r.request_id!r} is already in use")
         self.scheduler.add_request(request)
         if siblings and self.can_fork:
-            self._pending_forks[request.request_id] = list(siblings)
+            self.forks.add(request.request_id, siblings)
         else:
             for r in siblings:
                 self.scheduler.add_request(r)
-
-    def _is_pending_sibling(self, request_id: str) -> bool:
-        return any(request_id == s.request_id for kids in self._pending_forks.values() for s in kids)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     @property
     def num_unfinished_requests(self) -> int:
-        pending = sum(len(kids) for kids in self._pending_forks.values())
-        return len(self.scheduler.running) + self.scheduler.num_waiting + pending
+        return len(self.scheduler.running) + self.scheduler.num_waiting + len(self.forks)
+
+    def request_ids(self) -> list[str]:
+        """Every request the core holds: the scheduler's and the siblings waiting to fork."""
+        return [*self.scheduler.requests, *(k.request_id for kids in self.forks.waiting.values() for k in kids)]
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests from outside (an abort, a stop string, an error) with ``status``:
@@ -213,30 +216,10 @@ class EngineCore:
         Unknown and already finished ids are ignored. Returns the requests that ended."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         now = self.clock()
-        ended: list[Request] = []
-        for rid in ids:  # siblings that never forked are not in the scheduler
-            for kid in self._pending_forks.pop(rid, []):
-                kid.status = status
-                ended.append(kid)
-        ended.extend(self._end_pending_siblings(set(ids), status))
+        ended = self.forks.end(ids, status)  # siblings that never forked are not in the scheduler
         ended.extend(self.scheduler.finish_requests(ids, status))
         for req in ended:
             self.record_finish(req, now)
-        return ended
-
-    def _end_pending_siblings(self, ids: set[str], status: RequestStatus) -> list[Request]:
-        """Siblings named themselves (not through their leader) leave their leader's list."""
-        ended = []
-        for leader_id, kids in list(self._pending_forks.items()):
-            if any(k.request_id in ids for k in kids):
-                ended.extend(k for k in kids if k.request_id in ids)
-                left = [k for k in kids if k.request_id not in ids]
-                if left:
-                    self._pending_forks[leader_id] = left
-                else:
-                    del self._pending_forks[leader_id]
-        for kid in ended:
-            kid.status = status
         return ended
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
@@ -253,133 +236,107 @@ class EngineCore:
         self.stats.record_finish(req)
         self._finished_since_last_step.add(req.request_id)
 
-    # --- the loop ----------------------------------------------------------------------------
-    @reports_to_listeners
-    def step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        """Run one step. ``choose_tokens`` (beam search) may replace the sampled tokens: it gets
-        the plan and the executor's output and returns ``{request_id: token}`` to append
-        (a request left out gets no token this step and waits)."""
+    def reset_stats(self) -> None:
+        """Start the statistics afresh (after a warm-up, say)."""
+        self.stats.reset()
+
+    def check_invariants(self) -> None:
+        """The KV manager's own invariants, over the requests the scheduler says are live."""
+        self.kv.check_invariants([r.request_id for r in self.scheduler.live_requests()])
+
+
+class EngineCore(EngineCoreBase):
+    """minivllm's step loop (see the module doc)."""
+
+    def run_step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
         sched = self.scheduler
         start = self.clock()
         out = sched.schedule()
-        self._begin_step(out)
+        self.begin_step(out)
+        if self.forks:  # siblings draw their first token from a leader sampling now
+            waiting = self.forks.waiting
+            out.forks = {r.request_id: waiting[r.request_id] for r in out.sampling_requests if r.request_id in waiting}
+        counts = _PlanCounts(out)
         try:
             result = self.executor.execute(out)
         except BaseException as err:
-            step_out = self._fail_step(out, err, start)
+            step_out = self._fail_step(out, err, start, counts)
             if not isinstance(err, Exception):  # KeyboardInterrupt: state is clean, re-raise
                 raise
             return step_out
         self.kv.commit_written_blocks()
-        self._stamp_scheduled(out, start)  # the step computed its requests' tokens
-        step_out = StepOutput(
-            out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
-        )
+        for req in out.requests:  # the step computed their tokens: a first step stamps its start
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = start
+        step_out = StepOutput(out, start, start, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)
         if result.failed:
             self._fail_requests(result.failed, step_out)
-        self._fork_siblings(out, result)
-        tokens = result.sampled if choose_tokens is None else choose_tokens(out, result)
+        counts.forked = self._fork_siblings(out, result)
+        sampled = result.sampled if choose_tokens is None else choose_tokens(out, result)
         if step_out.failed:
-            tokens = {rid: t for rid, t in tokens.items() if rid not in step_out.failed}
-        if result.accepted_draft_tokens or result.draft_token_ids:
-            finished = self._update_speculative(out, result, tokens, step_out)
-        else:
-            finished = sched.update_from_output(tokens)
+            sampled = {rid: t for rid, t in sampled.items() if rid not in step_out.failed}
+        finished = self._update(out, result, sampled, step_out, counts)
+        if result.draft_token_ids:
+            sched.update_draft_token_ids(result.draft_token_ids)
         now = self.clock()
         step_out.end_time = now
-        step_out.sampled = tokens
-        self._stamp_first_tokens(out, tokens, start, now)
+        step_out.sampled = sampled
+        self._stamp_first_tokens(out, sampled, start, now)
         for req in finished:
             self.record_finish(req, now)
         step_out.finished.extend(finished)
-        self._record_step(out, start, now)
-        self._check_stall(out, finished)
+        counts.record(self, start, now)
+        if not out.requests and not out.preempted and not finished and sched.has_unfinished_requests():
+            raise EngineStalledError(self._stall_message())
         return step_out
 
-    def _update_speculative(
-        self, out: SchedulerOutput, result: ModelRunnerOutput, tokens: dict[str, int], step_out: StepOutput
-    ) -> list[Request]:
-        """``update_from_output`` for a step that verified drafts: the scheduler appends each
-        request's accepted drafts before its sampled token (stopping where a stop rule says), and
-        keeps the drafts proposed for the next step. ``step_out`` then reports the tokens that
-        were really appended: ``accepted[rid]`` and, last, ``sampled[rid]``."""
-        accepted = {rid: a for rid, a in result.accepted_draft_tokens.items() if rid in tokens}
+    def _update(self, out: SchedulerOutput, result: ModelRunnerOutput, sampled: dict[str, int],
+                step_out: StepOutput, counts: _PlanCounts) -> list[Request]:
+        """The scheduler appends the step's tokens (``update_from_output``). After a step that
+        verified drafts, ``step_out.accepted`` reports the drafts really appended before each
+        request's last token (a stop rule may have cut them), and the step counts its drafts."""
+        accepted = {rid: a for rid, a in result.accepted_draft_tokens.items() if rid in sampled}
+        if not accepted:
+            return self.scheduler.update_from_output(StepTokens(sampled))
+        spec = out.spec_token_ids
+        verified = {rid: len(spec.get(rid, ())) for rid in accepted}
         by_id = {r.request_id: r for r in out.requests if r.request_id in accepted}
         before = {rid: req.num_tokens for rid, req in by_id.items()}
-        finished = self.scheduler.update_from_output(tokens, accepted, result.draft_token_ids)
+        finished = self.scheduler.update_from_output(StepTokens(sampled, accepted, verified))
         for rid, req in by_id.items():
             appended = req.all_token_ids[before[rid]:]
-            tokens[rid] = appended[-1]
+            sampled[rid] = appended[-1]
             step_out.accepted[rid] = appended[:-1]
-        num_drafts = sum(len(out.spec_token_ids.get(rid, ())) for rid in accepted)
-        self._spec_counts = (num_drafts, sum(len(a) for a in accepted.values()))
+        counts.drafts = sum(verified.values())
+        counts.accepted = sum(len(a) for a in accepted.values())
         return finished
 
-    def _begin_step(self, out: SchedulerOutput) -> None:
-        """Complete the plan for the executor (:meth:`_prepare_plan`; siblings that fork off a
-        leader sampling now) and note what the prefix cache saved the requests scheduled for
-        the first time."""
-        self._prepare_plan(out)
-        if self._pending_forks:
-            self._attach_forks(out)
-        self._count_prefix_hits(out)
-
-    def _prepare_plan(self, out: SchedulerOutput) -> None:
-        """What any step loop tells the executor before it runs: the requests that ended since
-        the last step (``out.finished_req_ids``); with ``debug_checks``, check that every K/V
-        slot the step reads holds what was written for that very token."""
-        out.finished_req_ids, self._finished_since_last_step = self._finished_since_last_step, set()
-        if self.kv_write_tracker is not None:
-            self.kv_write_tracker.check_step(out)
-
-    def _count_prefix_hits(self, out: SchedulerOutput) -> None:
-        """A request scheduled for the first time starts from what the prefix cache held: its
-        tokens already computed when the step was planned (``num_computed``) are the hits.
-        Read off the plan, so every scheduler and KV manager is counted the same way; the
-        request's ``num_cached_tokens`` (reported in its output) is set here too."""
-        queries = hits = 0
-        for req, computed in zip(out.requests, out.num_computed, strict=True):
-            if req.first_scheduled_time is None:
-                queries += req.num_tokens
-                hits += computed
-                req.num_cached_tokens = computed
-        self._prefix_queries += queries
-        self._prefix_hits += hits
-
-    def _check_stall(self, out: SchedulerOutput, finished: list[Request]) -> None:
-        """A step that planned, preempted and ended nothing while requests wait is a stall."""
-        if not out.requests and not out.preempted and not finished and self.scheduler.has_unfinished_requests():
-            raise EngineStalledError(self._stall_message())
-
-    def _attach_forks(self, out: SchedulerOutput) -> None:
-        """Tell the executor which siblings draw their first token from a leader's row."""
-        pending = self._pending_forks
-        out.forks = {r.request_id: pending[r.request_id] for r in out.sampling_requests if r.request_id in pending}
-
-    def _fork_siblings(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
-        """Siblings of each leader that sampled fork off it, in the plan's order."""
+    def _fork_siblings(self, out: SchedulerOutput, result: ModelRunnerOutput) -> int:
+        """Siblings of each leader that sampled fork off it, in the plan's order; returns the
+        prompt tokens the seated ones share with their leader."""
+        forked = 0
         for leader_id, kids in out.forks.items():
             leader = self.scheduler.requests.get(leader_id)
             if leader is None or leader_id not in result.sampled:
                 continue  # its row failed: the siblings were failed with it
-            self._pending_forks.pop(leader_id, None)
+            self.forks.take(leader_id)
             for kid in kids:
                 if kid.is_finished:  # its own row failed
                     continue
                 self.scheduler.fork_request(leader, kid)
                 if kid.status is RequestStatus.RUNNING:  # seated: it shares the leader's prompt
-                    self._forked_tokens += leader.num_computed_tokens
+                    forked += leader.num_computed_tokens
+        return forked
 
     def _fail_requests(self, failed: dict[str, str], step_out: StepOutput) -> None:
         """End requests whose rows failed (and their unforked siblings) with an error."""
         for rid, message in failed.items():
-            for kid in self._pending_forks.get(rid, []):
+            for kid in self.forks.of(rid):
                 step_out.failed[kid.request_id] = message
             step_out.failed[rid] = message
-        ended = self.finish_requests(list(failed), RequestStatus.FINISHED_ERROR)
-        step_out.finished.extend(ended)
+        step_out.finished.extend(self.finish_requests(list(failed), RequestStatus.FINISHED_ERROR))
 
-    def _fail_step(self, out: SchedulerOutput, err: BaseException, start: float) -> StepOutput:
+    def _fail_step(self, out: SchedulerOutput, err: BaseException, start: float, counts: _PlanCounts) -> StepOutput:
         """The executor raised: end every request of the step with the error, keep the rest."""
         self.kv.discard_unwritten_blocks()
         message = f"{type(err).__name__}: {err}"
@@ -388,15 +345,8 @@ class EngineCore:
         step_out = StepOutput(out, start, start)
         self._fail_requests({r.request_id: message for r in out.requests}, step_out)
         step_out.end_time = self.clock()
-        self._record_step(out, start, step_out.end_time)
+        counts.record(self, start, step_out.end_time)
         return step_out
-
-    def _stamp_scheduled(self, out: SchedulerOutput, start: float) -> None:
-        """The step computed its requests' tokens: a request's first step stamps its
-        first-scheduled time (on the request, the times' one home)."""
-        for req in out.requests:
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = start
 
     def _stamp_first_tokens(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
         """A request that got its first token in this step gets its first-token time (and a
@@ -414,15 +364,6 @@ class EngineCore:
                 if req.first_scheduled_time is None:  # a forked sibling
                     req.first_scheduled_time = start
 
-    def _record_step(self, out: SchedulerOutput, start: float, now: float) -> None:
-        self.stats.record_step(
-            self.scheduler, out, start, now - start, prefix_cache_queries=self._prefix_queries,
-            prefix_cache_hits=self._prefix_hits, num_forked_tokens=self._forked_tokens,
-            num_draft_tokens=self._spec_counts[0], num_accepted_tokens=self._spec_counts[1],
-        )
-        self._prefix_queries = self._prefix_hits = self._forked_tokens = 0
-        self._spec_counts = (0, 0)
-
     def _stall_message(self) -> str:
         sched, kv = self.scheduler, self.kv
         return (
@@ -432,10 +373,27 @@ class EngineCore:
             f"block_size {kv.block_size})"
         )
 
-    def reset_stats(self) -> None:
-        """Start the statistics afresh (after a warm-up, say)."""
-        self.stats.reset()
 
-    def check_invariants(self) -> None:
-        """The KV manager's own invariants, over the requests the scheduler says are live."""
-        self.kv.check_invariants([r.request_id for r in self.scheduler.live_requests()])
+class _PlanCounts:
+    """One step's figures for its ``StepStats``: what the prefix cache saved the requests the plan
+    schedules for the first time (read off the plan before the step stamps them: their tokens
+    already computed are the hits, and become the request's ``num_cached_tokens``), the prompt
+    tokens forked siblings share, the drafts verified and accepted."""
+
+    __slots__ = ("queries", "hits", "forked", "drafts", "accepted", "out")
+
+    def __init__(self, out: SchedulerOutput):
+        self.out = out
+        self.queries = self.hits = self.forked = self.drafts = self.accepted = 0
+        for req, computed in zip(out.requests, out.num_computed, strict=True):
+            if req.first_scheduled_time is None:
+                self.queries += req.num_tokens
+                self.hits += computed
+                req.num_cached_tokens = computed
+
+    def record(self, core: EngineCoreBase, start: float, now: float) -> None:
+        core.stats.record_step(
+            core.scheduler, self.out, start, now - start, prefix_cache_queries=self.queries,
+            prefix_cache_hits=self.hits, num_forked_tokens=self.forked, num_draft_tokens=self.drafts,
+            num_accepted_tokens=self.accepted,
+        )

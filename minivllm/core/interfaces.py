@@ -13,12 +13,17 @@ implementation of each that serves the tiny model.
 * :class:`SchedulerInterface` -- decides every step which requests compute how many tokens
   (``minivllm.core.scheduler.Scheduler``, ``minivllm.core.static_scheduler``);
 * :class:`ForkingScheduler` -- adds forking a running request (``n > 1``, beam search);
+* :class:`SpeculativeScheduler` and :class:`SpeculativeKVCacheManager` -- add what speculative
+  decoding needs: keeping the drafts proposed for a request's next step, and giving back the
+  slots of drafts the target rejected;
 * :class:`Executor` -- runs a planned step: the model runner (real tensors) or the simulator's
   cost model (a clock).
 
 A protocol is named ``...Interface`` where minivllm's own implementation has the plain name (as
 vLLM names ``SchedulerInterface`` and ``Scheduler``), so that neither has to be imported under
-another name. The engine core uses nothing of a part that its protocol does not declare.
+another name. The engine core uses nothing of a part that its protocol does not declare, and a
+configuration that needs a protocol's extension (speculative decoding) is refused when the
+engine is built if a plug-in part lacks it (:func:`check_implements` names the missing member).
 
 The attention backend's protocol lives with the backends (``minivllm.attention``): it is the
 one plug-in point that sees tensors.
@@ -110,12 +115,42 @@ class ForkingKVCacheManager(KVCacheManagerInterface, Protocol):
 
 
 @runtime_checkable
+class SpeculativeKVCacheManager(KVCacheManagerInterface, Protocol):
+    """A KV manager that speculative decoding can roll back: a step that verified drafts took
+    slots for all of them, and the ones the target rejected must not keep blocks."""
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Keep only the blocks that hold the request's first ``num_tokens`` token slots and
+        return the rest to the pool (none of them is ever in the prefix cache: only blocks full
+        of the request's own tokens are). A request that shares blocks may be left as it is."""
+        ...
+
+
+@dataclass(slots=True)
+class StepTokens:
+    """What one step gives the scheduler to append (:meth:`SchedulerInterface.update_from_output`).
+
+    ``sampled``: request id -> the token drawn from its last row, for every request that sampled
+    (fork children included). Speculative decoding adds, for a request that verified drafts:
+    ``accepted_drafts[rid]``, the drafts the target accepted, appended *before* ``sampled[rid]``,
+    and ``num_draft_tokens[rid]``, how many drafts it verified -- the verdicts: the first
+    ``len(accepted_drafts[rid])`` were accepted, the rest rejected, and the K/V the step wrote for
+    the rejected ones is not the request's. The stop rules apply to every token appended; tokens
+    after a stop are dropped.
+    """
+
+    sampled: dict[str, int]
+    accepted_drafts: dict[str, list[int]] = field(default_factory=dict)
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
 class SchedulerInterface(Protocol):
     """Decides, every step, which requests compute how many tokens.
 
     ``schedule()`` returns the step's :class:`SchedulerOutput` (and advances each scheduled
-    request's ``num_computed_tokens``); ``update_from_output`` appends each sampled token,
-    applies the stop rules, frees finished requests and returns them. Committing the step's
+    request's ``num_computed_tokens``); ``update_from_output`` appends the step's tokens
+    (:class:`StepTokens`), applies the stop rules, frees finished requests and returns them. Committing the step's
     blocks to the prefix cache is the step loop's, not the scheduler's; the statistics (tokens
     per phase, prefix-cache hits) are read off the plan, so a scheduler keeps none.
     """
@@ -131,7 +166,7 @@ class SchedulerInterface(Protocol):
 
     def schedule(self) -> SchedulerOutput: ...
 
-    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]: ...
+    def update_from_output(self, tokens: StepTokens) -> list[Request]: ...
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests from outside (abort, a stop string, an error); frees their blocks."""
@@ -153,6 +188,21 @@ class ForkingScheduler(SchedulerInterface, Protocol):
         counts every running sequence, forks included) it runs at once, sharing every block of
         ``parent`` copy-on-write; without one it waits for a seat like any request (and, when
         admitted, computes the tokens the prefix cache does not hold)."""
+        ...
+
+
+@runtime_checkable
+class SpeculativeScheduler(SchedulerInterface, Protocol):
+    """A scheduler over a :class:`SpeculativeKVCacheManager` that verifies drafts: a decoding
+    request with drafts is given ``1 + len(drafts)`` tokens (``SchedulerOutput.spec_token_ids``)
+    and room for them plus ``SchedulerConfig.num_lookahead_tokens``; ``update_from_output`` rolls
+    back what the target rejected (``num_computed_tokens`` to the last token kept, the rejected
+    slots' blocks trimmed)."""
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Keep the drafts proposed for each request's next step (after ``update_from_output``
+        of the step that proposed them; each already fits the request's length limits). A
+        request that ended or left the running set meanwhile has none."""
         ...
 
 

@@ -70,7 +70,8 @@ class FinishRequests:
     status: RequestStatus
 
 
-UTILITIES = ("get_stats", "reset_stats", "check_invariants", "state", "set_stats_window")
+UTILITIES = ("get_stats", "reset_stats", "check_invariants", "state", "set_stats_window", "request_ids",
+             "beam_search")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,17 @@ class UtilityResult:
     call_id: int
     value: Any = None
     error: str | None = None  # "TypeName: message" when the call raised
+
+    def unwrap(self) -> Any:
+        """The value, or the call's error raised here: a ``ValueError`` or ``TypeError`` (a
+        refused argument) as itself, anything else as a ``RuntimeError`` that names it."""
+        if self.error is None:
+            return self.value
+        name, _, message = self.error.partition(": ")
+        refused = {"ValueError": ValueError, "TypeError": TypeError}.get(name)
+        if refused is not None:
+            raise refused(message)
+        raise RuntimeError(f"the engine core could not answer: {self.error}")
 
 
 # --- the core process's start-up handshake ----------------------------------------------------

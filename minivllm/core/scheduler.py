@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from minivllm.core.interfaces import ForkingKVCacheManager
+from minivllm.core.interfaces import ForkingKVCacheManager, StepTokens
 from minivllm.core.policies import POLICIES, FCFSPolicy, make_policy
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -123,35 +123,29 @@ class SchedulerBase:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
 
-    def update_from_output(
-        self,
-        sampled_token_ids: dict[str, int],
-        accepted_draft_tokens: dict[str, list[int]] | None = None,
-        draft_token_ids: dict[str, list[int]] | None = None,
-    ) -> list[Request]:
-        """Append each sampled token, apply stop rules, free finished requests.
+    def update_from_output(self, tokens: StepTokens) -> list[Request]:
+        """Append each request's new tokens, apply stop rules, free finished requests.
 
-        ``sampled_token_ids`` maps request id -> token for the requests that sampled this step.
-        Returns the requests that finished. (Committing the step's filled blocks to the prefix
-        cache is the step loop's: ``EngineCore.step``, or whoever drives a scheduler by hand.)
-
-        Speculative decoding (:class:`Scheduler` only): ``accepted_draft_tokens`` maps a request
-        that verified drafts this step to the drafts it accepted, appended before its sampled
-        token (the stop rules apply to each; tokens after a stop are dropped), and
-        ``draft_token_ids`` to the drafts proposed for its next step.
+        ``tokens.sampled`` maps request id -> token for the requests that sampled this step
+        (after the drafts it accepted, ``tokens.accepted_drafts``, under speculative decoding).
+        Returns the requests that finished. A request that verified drafts keeps only the K/V of
+        the tokens it kept: its ``num_computed_tokens`` goes back to its last kept token and the
+        blocks past what its next step needs are trimmed (:meth:`_roll_back`). (Committing the
+        step's filled blocks to the prefix cache is the step loop's: ``EngineCore.step``, or
+        whoever drives a scheduler by hand.)
         """
         max_len = self.config.max_model_len
         requests = self.requests
         finished: list[Request] = []
-        accepted = accepted_draft_tokens or {}
-        for rid, token in sampled_token_ids.items():
+        accepted = tokens.accepted_drafts
+        for rid, token in tokens.sampled.items():
             req = requests[rid]
             if accepted and rid in accepted and self._append_accepted(req, accepted[rid], finished):
                 continue  # an accepted draft ended it: the sampled token after it is dropped
-            tokens = req.all_token_ids
-            tokens.append(token)
+            all_tokens = req.all_token_ids
+            all_tokens.append(token)
             # cheap test first (a stop token, or the length limit); check_stop has the details
-            n = len(tokens)
+            n = len(all_tokens)
             if token in req.stop_token_set or n >= req.length_limit or n >= max_len:
                 status = req.check_stop(token, max_len)
                 if status is not None:
@@ -159,8 +153,8 @@ class SchedulerBase:
                         self._remove_waiting({rid})
                     req.status = status
                     finished.append(req)
-        if accepted or draft_token_ids:
-            self._update_speculation(accepted, draft_token_ids or {})
+        if tokens.num_draft_tokens:
+            self._roll_back(tokens.num_draft_tokens)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]
@@ -180,8 +174,18 @@ class SchedulerBase:
                 return True
         return False
 
-    def _update_speculation(self, accepted: dict[str, list[int]], drafts: dict[str, list[int]]) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not do speculative decoding")
+    def _roll_back(self, num_draft_tokens: dict[str, int]) -> None:
+        """After a step that verified drafts: a request's K/V is valid up to its last kept token
+        (the token sampled last has none yet), so ``num_computed_tokens`` goes back to there
+        (the rejected drafts' slots are written again later) and the blocks past what its next
+        step needs return to the pool (``SpeculativeKVCacheManager.trim``)."""
+        keep = max(1, self.config.num_lookahead_tokens)
+        for rid in num_draft_tokens:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            req.num_computed_tokens = len(req.all_token_ids) - 1
+            self.kv.trim(req, req.num_computed_tokens + keep)
 
     def _release(self, req: Request) -> None:
         self.kv.free(req)
@@ -349,29 +353,15 @@ class Scheduler(SchedulerBase):
             req.num_computed_tokens = num_hit + num_new
             budget -= num_new
 
-    def _update_speculation(self, accepted: dict[str, list[int]], drafts: dict[str, list[int]]) -> None:
-        """After a step that verified drafts: a request's K/V is valid up to its last accepted
-        token, so ``num_computed_tokens`` goes back to there (the rejected drafts' slots are
-        written again later) and the blocks past what its next step needs return to the pool.
-        The drafts proposed for the next step are kept, cut so that the step cannot run past
-        ``max_tokens`` or ``max_model_len`` (k drafts and the token after them)."""
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Keep the drafts proposed for each running request's next step; its next plan
+        verifies them (:meth:`Scheduler._schedule_running`). Each proposal already fits the
+        request's length limits (``SpeculativeConfig.num_drafts``)."""
         requests = self.requests
-        keep = max(1, self.config.num_lookahead_tokens)
-        trim = self.kv.trim
-        for rid in accepted:
+        for rid, proposal in draft_token_ids.items():
             req = requests.get(rid)
-            if req is None or req.is_finished:
-                continue
-            req.num_computed_tokens = len(req.all_token_ids) - 1
-            trim(req, req.num_computed_tokens + keep)
-        max_len = self.config.max_model_len
-        for rid, proposal in drafts.items():
-            req = requests.get(rid)
-            if req is None or req.is_finished or not proposal or req.status is not RequestStatus.RUNNING:
-                continue
-            room = min(req.length_limit, max_len) - len(req.all_token_ids) - 1
-            if room > 0:
-                req.spec_token_ids = proposal[:room]
+            if req is not None and proposal and req.status is RequestStatus.RUNNING:
+                req.spec_token_ids = list(proposal)
 
     def fork_request(self, parent: Request, child: Request) -> None:
         """``child`` continues from ``parent``'s tokens (parallel sampling, beam search); call

@@ -135,16 +135,10 @@ class BlockMapRecorder:
         self._tables: dict[str, list[int]] = {}
 
     def core(self, scheduler, executor, **kwargs) -> EngineCore:
-        """An :class:`EngineCore` that reports every step to this recorder."""
-        recorder = self
-
-        class RecordingCore(EngineCore):
-            def step(self, choose_tokens=None):
-                result = super().step(choose_tokens)
-                recorder.record(self, result)
-                return result
-
-        return RecordingCore(scheduler, executor, **kwargs)
+        """minivllm's :class:`EngineCore`, with this recorder listening to every step."""
+        core = EngineCore(scheduler, executor, **kwargs)
+        core.add_step_listener(lambda result: self.record(core, result))
+        return core
 
     def record(self, core: EngineCore, result) -> None:
         out = result.scheduler_output

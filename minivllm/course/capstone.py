@@ -222,7 +222,7 @@ def _step_loop(parts: list[Part], step_loop: ModuleType | type | None) -> type:
         step_loop = course.working("ex08_engine_step")
     if isinstance(step_loop, ModuleType):
         checks = "—" if getattr(step_loop, "__course_report__", None) is None else _checks_of(step_loop)
-        parts.append(Part("step loop", "StepLoop.step", "ex08_engine_step", _whose(step_loop), checks, "step loop"))
+        parts.append(Part("step loop", "StepLoop.run_step", "ex08_engine_step", _whose(step_loop), checks, "step loop"))
         return step_loop.StepLoop
     parts.append(Part("step loop", step_loop.__name__, "—", "yours", "—", "step loop"))
     return step_loop

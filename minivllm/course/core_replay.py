@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from minivllm.core.engine_core import EngineCore, EngineStalledError
+from minivllm.core.interfaces import StepTokens
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
@@ -86,9 +87,9 @@ class LoggingScheduler(Scheduler):
         self._log("schedule")
         return super().schedule()
 
-    def update_from_output(self, sampled_token_ids: dict[str, int]) -> list[Request]:
+    def update_from_output(self, tokens: StepTokens) -> list[Request]:
         self._log("update")
-        return super().update_from_output(sampled_token_ids)
+        return super().update_from_output(tokens)
 
 
 class NeverSchedules(LoggingScheduler):

@@ -22,6 +22,7 @@ from minivllm.course.harness import (
 )
 from minivllm.course.reference import SCHEDULER_FIELDS, CheckedRun, protocol_only
 from minivllm.course.runtime import configure
+from minivllm.engine.core_client import local_core
 
 # Prompts in the tiny model's world, of ragged lengths (5 to about 60 tokens).
 STORY_PROMPTS = [
@@ -57,7 +58,7 @@ def compare_on_engine(factory, arrivals: Sequence[int], label: str = "", max_tok
     trace = story_trace(arrivals, max_tokens)
     reference_llm = LLM(scheduler="continuous", **args)
     reference = run_trace(reference_llm, trace, max_steps=500)
-    limits = reference_llm.engine.core.scheduler.config
+    limits = local_core(reference_llm).scheduler.config
     settings = "LLM(" + ", ".join(f"{k}={v}" for k, v in engine_args.items()) + ")"
     mine = CheckedRun(LLM(scheduler=protocol_only(factory), **args), trace, max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens, settings=settings, label=label,

@@ -84,15 +84,13 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.core.kv_cache_manager:KVCacheManager.commit_written_blocks",
     ),
     "ex08_engine_step": (
-        "minivllm.core.engine_core:EngineCore.step",
+        "minivllm.core.engine_core:EngineCore.run_step",
+        "minivllm.core.engine_core:EngineCore._update",
         "minivllm.core.engine_core:EngineCore._fail_step",
         "minivllm.core.engine_core:EngineCore._fail_requests",
-        "minivllm.core.engine_core:EngineCore._attach_forks",
         "minivllm.core.engine_core:EngineCore._fork_siblings",
-        "minivllm.core.engine_core:EngineCore._count_prefix_hits",
-        "minivllm.core.engine_core:EngineCore._stamp_scheduled",
         "minivllm.core.engine_core:EngineCore._stamp_first_tokens",
-        "minivllm.core.engine_core:EngineCore._check_stall",
+        "minivllm.core.engine_core:_PlanCounts.__init__",
     ),
     "ex09_reasoning": (
         "minivllm.core.policies:FCFSPolicy",

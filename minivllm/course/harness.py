@@ -35,9 +35,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minivllm.core.engine_core import EngineCore
+from minivllm.core.engine_core import EngineCoreBase
 from minivllm.core.interfaces import Logprobs, ModelRunnerOutput
 from minivllm.course.grading import Mismatch
+from minivllm.engine.core_client import local_core
 from minivllm.metrics import EngineStats, StepStats
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
@@ -318,10 +319,10 @@ class TraceRun:
         label: str = "",
     ):
         engine = getattr(target, "engine", target)
-        if isinstance(engine, EngineCore):
+        if isinstance(engine, EngineCoreBase):
             self.engine, self.core = None, engine
         else:
-            self.engine, self.core = engine, engine.core
+            self.engine, self.core = engine, local_core(engine)
         ids = [cid for r in trace for cid in r.child_ids]
         if len(set(ids)) != len(ids):
             raise ValueError(f"request ids must be unique in a trace: {sorted(ids)}")
@@ -541,7 +542,7 @@ def beam_search(llm, prompts: Sequence, width: int, max_tokens: int, max_steps: 
         if next(steps, None) is None:
             raise Mismatch(f"at most {max_steps} steps", "more", "beam search did not finish")
 
-    remove = llm.engine.core.add_step_listener(bounded)
+    remove = local_core(llm).add_step_listener(bounded)
     try:
         outs = llm.beam_search(list(prompts), BeamSearchParams(beam_width=width, max_tokens=max_tokens))
     finally:

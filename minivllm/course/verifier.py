@@ -86,14 +86,10 @@ def checked(fn: StepVerifier) -> StepVerifier:
 def use_verifier(llm, fn: StepVerifier) -> Callable:
     """Make ``llm`` (an ``LLM`` built with ``speculative_config``, in this process) verify every
     step's drafts with ``fn``; returns the verifier it replaces (to put back by hand)."""
-    engine = getattr(llm, "engine", llm)
-    if not getattr(engine, "in_process", False):
-        raise ValueError("use_verifier needs an LLM whose engine core runs in this process "
-                         "(engine_core_process=False)")
-    speculative = engine.runner.speculative
+    from minivllm.engine.core_client import local_core
+
+    speculative = local_core(llm).executor.speculative
     if speculative is None:
         raise ValueError("this LLM does not speculate: build it with speculative_config="
                          "{'method': 'ngram', 'num_speculative_tokens': 4} (or a draft model)")
-    previous = speculative.verify_fn
-    speculative.verify_fn = checked(fn)
-    return previous
+    return speculative.use_verifier(checked(fn))

@@ -27,10 +27,10 @@ from minivllm.config import (
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.messages import CoreReady
 from minivllm.engine.model_runner import ModelRunner
-from minivllm.engine.sampler import Sampler
 from minivllm.model.config import ModelConfig
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.model.loader import load_model, resolve_dtype
+from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.decoder import SpeculativeDecoder
 from minivllm.spec_decode.draft_model import DraftModelProposer
 

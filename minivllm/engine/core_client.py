@@ -26,9 +26,10 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from minivllm.core.core_loop import EngineCoreLoop, core_state, step_deltas, step_summary
+from minivllm.core.engine_core import EngineCore
 from minivllm.core.messages import (
     SHUTDOWN,
     CoreReady,
@@ -37,8 +38,10 @@ from minivllm.core.messages import (
     UtilityCall,
     UtilityResult,
 )
-from minivllm.engine.core_builder import BuiltCore
 from minivllm.request import RequestStatus
+
+if TYPE_CHECKING:  # pragma: no cover - building a core needs torch; this module does not
+    from minivllm.engine.core_builder import BuiltCore
 
 OnMessage = Callable[[EngineCoreOutputs], None]
 OnDead = Callable[[BaseException], None]
@@ -108,10 +111,10 @@ class CoreConnection:
         if isinstance(message, UtilityResult):
             future = self._calls.pop(message.call_id, None)
             if future is not None and not future.done():
-                if message.error is not None:
-                    future.set_exception(RuntimeError(f"the engine core could not answer: {message.error}"))
-                else:
-                    future.set_result(message.value)
+                try:
+                    future.set_result(message.unwrap())
+                except Exception as error:  # noqa: BLE001 - the call's own error, for its caller
+                    future.set_exception(error)
             return
         self.on_message(message)
 
@@ -127,11 +130,14 @@ class CoreConnection:
 
 
 class InprocCore:
-    """The engine core in this process (``engine_core_process=False``)."""
+    """The engine core in this process (``engine_core_process=False``). Its objects are there to
+    look at: ``core`` (the ``EngineCore``: ``core.scheduler``, ``core.kv``, ``core.executor``, the
+    model runner) and ``model``; :func:`local_core` finds them from an ``LLM``."""
 
     def __init__(self, built: BuiltCore, eos_token_ids: tuple[int, ...]):
         self.built = built
         self.core = built.core
+        self.model = built.model
         self.eos_token_ids = tuple(eos_token_ids)
         self.ready = built.ready()
         self._loop = EngineCoreLoop(self.core, self.eos_token_ids, self._keep)
@@ -162,9 +168,7 @@ class InprocCore:
         self._loop.handle(UtilityCall(0, method, args))
         (result,) = self._kept
         self._kept.clear()
-        if result.error is not None:
-            raise RuntimeError(f"the engine core could not answer: {result.error}")
-        return result.value
+        return result.unwrap()
 
     def shutdown(self) -> None:
         """Nothing to stop in this process; ``AsyncLLM`` stops its loop thread itself."""
@@ -177,6 +181,20 @@ class InprocCore:
             raise RuntimeError("this engine core is already serving a front end")
         self._thread = _ThreadConnection(self, loop, on_message, on_dead)
         return self._thread
+
+
+def local_core(engine) -> EngineCore:
+    """The ``EngineCore`` of an ``LLM``, ``LLMEngine`` or ``AsyncLLM`` whose core runs in this
+    process -- to look at its scheduler, KV cache and model runner, or to add a step listener.
+    ``ValueError`` when the core runs in a process of its own (there is nothing here to look at)."""
+    front = getattr(engine, "engine", engine)  # LLM.engine, AsyncLLM.engine: the LLMEngine
+    client = getattr(front, "core_client", None)
+    if not isinstance(client, InprocCore):
+        raise ValueError(
+            f"the engine core of this {type(engine).__name__} runs in a process of its own "
+            "(engine_core_process=True): build it with engine_core_process=False to look at its parts"
+        )
+    return client.core
 
 
 class _ThreadConnection(CoreConnection):

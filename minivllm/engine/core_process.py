@@ -266,10 +266,7 @@ class ProcessCore:
         self._send(UtilityCall(call_id, method, args))
         while call_id not in self._results:
             self._take_one()
-        result = self._results.pop(call_id)
-        if result.error is not None:
-            raise RuntimeError(f"the engine core could not answer: {result.error}")
-        return result.value
+        return self._results.pop(call_id).unwrap()
 
     def _take_one(self) -> None:
         message = self._recv()

@@ -23,17 +23,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.config import check_int
+from minivllm.outputs import RequestOutputKind
 from minivllm.sampling_params import SamplingParams, is_valid_unicode, short_repr
 
 
 @dataclass(frozen=True)
 class ProcessedInputs:
-    """One request's inputs once every check passed: what the engine queues."""
+    """One request's inputs once every check passed: what the engine queues (as it is: a front
+    end that checked a batch first hands these to ``LLMEngine.add_request``, checked once)."""
 
     prompt: str | None  # the prompt's text, if it came as text (or a dict carried it)
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None  # the argument's, else the prompt dict's ``"cache_salt"``
+    priority: int = 0
+    arrival_time: float | None = None  # None: when the engine queues it
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
 
 @dataclass(frozen=True)
@@ -60,14 +65,18 @@ class InputProcessor:
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
     ) -> ProcessedInputs:
         """Every input checked, the prompt tokenized; ``params=None`` means ``SamplingParams()``.
         ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps the request's
-        prefix-cache blocks apart from those of requests with another salt or none. Raises
-        ``TypeError`` / ``ValueError``."""
+        prefix-cache blocks apart from those of requests with another salt or none;
+        ``output_kind`` says what each of its outputs holds. Raises ``TypeError`` /
+        ``ValueError``."""
         params = SamplingParams() if params is None else params
         self.check_params(params)
         check_int("priority", priority)
+        if not isinstance(output_kind, RequestOutputKind):
+            raise TypeError(f"output_kind must be a RequestOutputKind, got {type(output_kind).__name__}")
         if arrival_time is not None and (
             not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time)
         ):
@@ -77,7 +86,7 @@ class InputProcessor:
         self.check_cache_salt(cache_salt)
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
-        return ProcessedInputs(text, ids, params, cache_salt)
+        return ProcessedInputs(text, ids, params, cache_salt, priority, arrival_time, output_kind)
 
     @staticmethod
     def check_cache_salt(cache_salt) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from minivllm.engine.beam_search import BeamSearchOutput, run_beam_search
+from minivllm.core.beam_search import BeamSearchOutput, BeamSequence
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.metrics import EngineStats
 from minivllm.outputs import RequestOutput, RequestOutputKind
@@ -63,17 +63,14 @@ class LLM:
                 f"got {len(prompts)} prompts but {len(params)} sampling params and {len(prios)} priorities"
             )
         engine = self.engine
-        checked = []
-        for p, sp, pr in zip(prompts, params, prios, strict=True):
-            inputs = engine.input_processor.process(p, sp, priority=pr)
-            prompt = {"prompt": inputs.prompt, "prompt_token_ids": inputs.prompt_token_ids,
-                      "cache_salt": inputs.cache_salt}
-            checked.append((prompt, inputs.params, pr))
+        processor = engine.input_processor
+        checked = [processor.process(p, sp, priority=pr, output_kind=kind)
+                   for p, sp, pr in zip(prompts, params, prios, strict=True)]
         with self._lock:
             ids = []
             try:
-                for prompt, sp, pr in checked:
-                    rid = engine.add_request(None, prompt, sp, priority=pr, output_kind=kind)
+                for inputs in checked:  # queued as checked: nothing is checked twice
+                    rid = engine.add_request(None, inputs)
                     self._inboxes[rid] = deque()
                     ids.append(rid)
             except BaseException:
@@ -174,15 +171,40 @@ class LLM:
         self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams
     ) -> list[BeamSearchOutput]:
         """Beam search for each prompt; ``outputs[i].sequences[0]`` is the best sequence.
-        Beams share KV blocks and fork copy-on-write (see ``minivllm/engine/beam_search.py``).
-        Needs an idle engine (no other call running) in this process."""
-        if not self.engine.in_process:
-            raise ValueError(
-                "beam search drives the engine core's steps itself and needs it in this process: "
-                "use LLM(..., engine_core_process=False)"
-            )
+        Beams share KV blocks and fork copy-on-write (see ``minivllm/core/beam_search.py``). It
+        runs where the engine core runs (this process or the core's own), and needs an idle
+        engine (no other call running)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        engine = self.engine
+        prompts = self._as_list(prompts)
+        checked = []
+        for prompt in prompts:  # every prompt checked before the search starts
+            text, ids = engine.tokenize(prompt)
+            engine.check_prompt(ids)
+            if len(ids) + params.max_tokens > engine.max_model_len:
+                raise ValueError(
+                    f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} exceeds "
+                    f"max_model_len={engine.max_model_len}"
+                )
+            checked.append((text, ids))
         with self._lock:
-            return run_beam_search(self.engine, self._as_list(prompts), params)
+            if engine.has_unfinished_requests():
+                raise RuntimeError("beam search needs an idle engine; finish or abort running requests first")
+            results = engine.core_client.call(
+                "beam_search", [ids for _, ids in checked], params, engine.model_config.vocab_size,
+                engine.args.max_num_seqs,
+            )
+        tokenizer = engine.tokenizer
+        decode = tokenizer.decode if tokenizer is not None else (lambda ids, **_: "")
+        return [
+            BeamSearchOutput(text, ids, [
+                BeamSequence(s.token_ids, s.cum_logprob, s.score, decode(s.token_ids, skip_special_tokens=True),
+                             s.finished_by_eos)
+                for s in result.sequences
+            ], result.error)
+            for (text, ids), result in zip(checked, results, strict=True)
+        ]
 
     def stats(self) -> EngineStats:
         """Per-step and per-request metrics collected so far (for plots and tables)."""

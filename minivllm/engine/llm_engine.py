@@ -7,11 +7,12 @@
                  -> a RequestOutput for every request that made progress or ended
     abort_request-> the requests end now, their blocks are freed, final outputs returned
 
-The engine core -- scheduler, KV cache, model runner -- runs in this process (the default:
-``engine.core``, ``engine.runner`` and friends are there to look at) or, with
-``engine_core_process=True``, in a process of its own (``minivllm/engine/core_process.py``),
-where it steps on its own while this process detokenizes. The two talk through the messages of
-``minivllm/core/messages.py`` either way (:mod:`minivllm.engine.core_client`).
+The engine core -- scheduler, KV cache, model runner -- runs in this process (the default; its
+objects are there to look at: ``local_core(engine)``) or, with ``engine_core_process=True``, in
+a process of its own (``minivllm/engine/core_process.py``), where it steps on its own while this
+process detokenizes. The front end knows only its :class:`EngineCoreClient`: the two talk
+through the messages of ``minivllm/core/messages.py`` either way
+(:mod:`minivllm.engine.core_client`), and nothing here depends on where the core runs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from minivllm.config import EngineArgs
 from minivllm.core.messages import EngineCoreRequest, sample_ids
 from minivllm.engine.core_client import EngineCoreClient, InprocCore
-from minivllm.engine.input_processor import InputProcessor
+from minivllm.engine.input_processor import InputProcessor, ProcessedInputs
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.metrics import EngineStats
 from minivllm.model.config import ModelConfig
@@ -33,8 +34,6 @@ from minivllm.model.loader import load_tokenizer, resolve_model_path
 from minivllm.outputs import RequestOutput, RequestOutputKind
 from minivllm.request import RequestStatus
 from minivllm.sampling_params import SamplingParams
-
-_IN_THE_CORE = ("model", "runner", "sampler", "core", "scheduler", "kv")
 
 
 class LLMEngine:
@@ -50,12 +49,10 @@ class LLMEngine:
             from minivllm.engine.core_process import ProcessCore
 
             self.core_client = ProcessCore(args, self.model_path, self.eos_token_ids, pad)
-            self._built = None
         else:
             from minivllm.engine.core_builder import build_core
 
-            self._built = build_core(args, self.model_path, pad)
-            self.core_client = InprocCore(self._built, self.eos_token_ids)
+            self.core_client = InprocCore(build_core(args, self.model_path, pad), self.eos_token_ids)
         ready = self.core_client.ready
         self.model_config: ModelConfig = ready.model_config
         self.max_model_len: int = ready.max_model_len
@@ -65,28 +62,10 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
-    # --- the parts of an in-process core (the course looks at them) ----------------------------
-    def __getattr__(self, name: str):
-        if name in _IN_THE_CORE:
-            built = self.__dict__.get("_built")
-            if built is None:
-                raise AttributeError(
-                    f"engine.{name} lives in the engine core's process (engine_core_process=True); "
-                    "build the engine with engine_core_process=False to work with it directly"
-                )
-            core = built.core
-            return {"model": built.model, "runner": built.runner, "sampler": built.sampler, "core": core,
-                    "scheduler": core.scheduler, "kv": core.kv}[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     @property
-    def in_process(self) -> bool:
-        """Whether the engine core runs in this process."""
-        return self._built is not None
-
-    @property
-    def device(self):
-        return self._built.device if self._built is not None else self.core_client.ready.device
+    def device(self) -> str:
+        """The device the model computes on (``"cpu"``, ``"cuda:0"``)."""
+        return self.core_client.ready.device
 
     @property
     def stats(self) -> EngineStats:
@@ -152,31 +131,29 @@ class LLMEngine:
         """Validate and queue a request; returns its id. Raises before anything is queued.
         ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps this request's
         prefix-cache blocks apart from those of requests with another salt or none.
-        ``output_kind``: what each of its outputs holds (see :class:`RequestOutputKind`)."""
-        if not isinstance(output_kind, RequestOutputKind):
-            raise TypeError(f"output_kind must be a RequestOutputKind, got {type(output_kind).__name__}")
-        inputs = self.input_processor.process(
-            prompt, params, priority=priority, arrival_time=arrival_time, cache_salt=cache_salt
-        )
+        ``output_kind``: what each of its outputs holds (see :class:`RequestOutputKind`).
+        ``prompt`` may also be what :meth:`InputProcessor.process` returned for it (a batch
+        checked before any of it is queued): it is queued as it is, with its own settings."""
+        if isinstance(prompt, ProcessedInputs):
+            inputs = prompt
+        else:
+            inputs = self.input_processor.process(prompt, params, priority=priority, arrival_time=arrival_time,
+                                                  cache_salt=cache_salt, output_kind=output_kind)
         params, ids = inputs.params, inputs.prompt_token_ids
         request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
-        self.output_processor.check_ids_free(request_id, params.n, self._in_core)
-        now = time.perf_counter() if arrival_time is None else arrival_time
+        self.output_processor.check_ids_free(request_id, params.n)
+        now = time.perf_counter() if inputs.arrival_time is None else inputs.arrival_time
         self.core_client.add_request(
-            EngineCoreRequest(request_id, ids, params, now, priority, inputs.cache_salt)
+            EngineCoreRequest(request_id, ids, params, now, inputs.priority, inputs.cache_salt)
         )
-        self.output_processor.add_request(request_id, inputs.prompt, ids, params, output_kind, now)
+        self.output_processor.add_request(request_id, inputs.prompt, ids, params, inputs.output_kind, now)
         return request_id
-
-    def _in_core(self, request_id: str) -> bool:
-        """Held by an in-process core without the front end knowing (beam search's beams)."""
-        return self._built is not None and request_id in self._built.core.scheduler.requests
 
     def _new_request_id(self, n: int) -> str:
         op = self.output_processor
         while True:  # skip the ids callers chose themselves
             request_id = str(next(self._ids))
-            if not any(op.in_use(r) or self._in_core(r) for r in {request_id, *sample_ids(request_id, n)}):
+            if not any(op.in_use(r) for r in {request_id, *sample_ids(request_id, n)}):
                 return request_id
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
@@ -189,8 +166,6 @@ class LLMEngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        if self._built is not None:
-            return self._built.core.has_unfinished_requests()
         return len(self.output_processor) > 0
 
     def get_num_unfinished_requests(self) -> int:
@@ -205,8 +180,7 @@ class LLMEngine:
         try:
             core_out = self.core_client.step()
         except BaseException:  # Ctrl-C: the core ended the step's requests; forget them here too
-            if self._built is not None:
-                self._forget_ended_in_core()
+            self._forget_ended_in_core()
             raise
         done = self.output_processor.process(core_out.deltas)
         if done.stopped:
@@ -215,8 +189,12 @@ class LLMEngine:
 
     def _forget_ended_in_core(self) -> None:
         """A step interrupted by ``KeyboardInterrupt`` ended its requests in the core, then
-        re-raised: end them here as well, without an output reaching the user."""
-        live = self._built.core.scheduler.requests
+        re-raised: end them here as well, without an output reaching the user (the core says
+        which samples it still holds)."""
+        try:
+            live = set(self.core_client.call("request_ids"))
+        except Exception:  # noqa: BLE001 - the core cannot answer: nothing is left to follow
+            live = set()
         gone = [rid for rid, fam in self.output_processor.families.items()
                 if not any(c.request_id in live for c in fam.children)]
         self.output_processor.abort(gone)

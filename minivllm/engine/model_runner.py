@@ -21,9 +21,9 @@ from minivllm.attention.cache_ops import copy_blocks
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.engine.sampler import Sampler, compute_logprobs
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.request import Request
+from minivllm.sample.sampler import Sampler, compute_logprobs
 from minivllm.spec_decode.decoder import SpeculativeDecoder
 
 

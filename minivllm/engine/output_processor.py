@@ -116,8 +116,6 @@ class OutputProcessor:
         """Follow a request the core was given. Its times are stamped here (from
         ``arrival_time``) until the delta that ends its first sample brings the core's record,
         read off the core's ``Request`` (the times' one owner), in either mode of the core."""
-        if not isinstance(kind, RequestOutputKind):
-            raise TypeError(f"output_kind must be a RequestOutputKind, got {type(kind).__name__}")
         metrics = RequestMetrics(arrival_time=self.clock() if arrival_time is None else arrival_time)
         family = _Family(request_id, prompt, list(prompt_token_ids), kind, metrics, True)
         for i, rid in enumerate(sample_ids(request_id, params.n)):

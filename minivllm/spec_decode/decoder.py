@@ -20,12 +20,12 @@ import logging
 import torch
 
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.engine.sampler import Sampler, _mix64, unusable_rows
 from minivllm.request import Request
+from minivllm.sample.sampler import Sampler, unusable_rows
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from minivllm.spec_decode.ngram import propose_ngram
-from minivllm.spec_decode.rejection import one_hot_probs, verify
+from minivllm.spec_decode.rejection import verify
 
 logger = logging.getLogger("minivllm")
 
@@ -39,10 +39,18 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.max_model_len = max_model_len
         self.draft = draft
-        # the rejection rule, batched over a step's requests; replaceable (the course plugs a
-        # student's verifier in here), with the signature of rejection.verify
+        # the rejection rule, batched over a step's requests (see use_verifier)
         self.verify_fn = verify
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
+
+    def use_verifier(self, fn) -> object:
+        """Verify every step's drafts with ``fn`` from now on (the signature of
+        :func:`minivllm.spec_decode.rejection.verify`: exercise 11 plugs a student's in here);
+        returns the verifier it replaces."""
+        if not callable(fn):
+            raise TypeError(f"a verifier must be callable, got {type(fn).__name__}")
+        previous, self.verify_fn = self.verify_fn, fn
+        return previous
 
     @staticmethod
     def speculates(request: Request) -> bool:
@@ -60,46 +68,27 @@ class SpeculativeDecoder:
     # --- verification ------------------------------------------------------------------------
     def target_probs(self, logits: torch.Tensor, entries: list[tuple[Request, list[int]]]) -> torch.Tensor:
         """``[R, V]``: for each request, the distribution the sampler would draw its next tokens
-        from, one row per position (row ``j`` is output token ``num_output_tokens + j``)."""
-        row_requests: list[Request] = []
-        for req, drafts in entries:
-            row_requests.extend([req] * (len(drafts) + 1))
-        row = 0
-        for req, drafts in entries:  # min_tokens: no stop token before that many outputs
-            params = req.sampling_params
-            if params.min_tokens and req.stop_token_set:
-                stop_ids = list(req.stop_token_set)
-                for j in range(len(drafts) + 1):
-                    if req.num_output_tokens + j < params.min_tokens:
-                        logits[row + j, stop_ids] = float("-inf")
-            row += len(drafts) + 1
-        greedy = torch.tensor([r.sampling_params.greedy for r in row_requests], device=logits.device)
-        probs = one_hot_probs(logits)
-        if not bool(greedy.all()):
-            sampled = (~greedy).nonzero().squeeze(1)
-            sub = [row_requests[i] for i in sampled.tolist()]
-            probs[sampled] = self.sampler.filter_logits(logits[sampled], sub).softmax(dim=-1)
-        return probs
+        from, one row per position (row ``j`` is output token ``num_output_tokens + j``):
+        :meth:`Sampler.probs`, the sampler's own rule."""
+        requests = [req for req, drafts in entries for _ in range(len(drafts) + 1)]
+        offsets = [j for _, drafts in entries for j in range(len(drafts) + 1)]
+        return self.sampler.probs(logits, requests, offsets)
 
     def random_numbers(self, probs: torch.Tensor, entries) -> tuple[torch.Tensor, torch.Tensor]:
-        """One uniform and one row of ``Exp(1)`` noise per row; a seeded request draws them from
-        its own generator (seeded by its seed and output length), greedy rows need none."""
+        """One uniform and one row of ``Exp(1)`` noise per row, each request's from its
+        :meth:`Sampler.generator` (seeded by its seed and output length); greedy rows need none."""
         num_rows = probs.shape[0]
         uniforms = torch.full((num_rows,), 0.5, device=probs.device)
         noise = torch.ones_like(probs)
         row = 0
         for req, drafts in entries:
-            n, params = len(drafts) + 1, req.sampling_params
-            if not params.greedy:
-                if params.seed is None:
-                    gen = self.sampler._default_generator(probs.device)
-                else:
-                    gen = torch.Generator(device=probs.device)
-                    gen.manual_seed(_mix64(params.seed, req.num_output_tokens))
+            n = len(drafts) + 1
+            if not req.sampling_params.greedy:
+                gen = self.sampler.generator(req, probs.device)
                 uniforms[row : row + n] = torch.rand(n, generator=gen, device=probs.device)
                 noise[row : row + n].exponential_(generator=gen)
             row += n
-        return uniforms, noise.clamp_(min=1e-30)
+        return uniforms, noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     def verify(self, logits: torch.Tensor, entries: list[tuple[Request, list[int]]]
                ) -> tuple[dict[str, list[int]], dict[str, str]]:

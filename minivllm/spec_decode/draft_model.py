@@ -29,12 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.engine.sampler import Sampler, _mix64
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.request import Request
-from minivllm.spec_decode.rejection import one_hot_probs
-
-_DRAFT_STREAM = 0x5DEECE66D  # separates a seeded request's draft draws from its target draws
+from minivllm.sample.sampler import DRAFT_STREAM, Sampler
 
 
 @dataclass
@@ -97,8 +94,11 @@ class DraftModelProposer:
             hidden = self.model(ids_t, pos_t, meta)
             last = torch.tensor(list(itertools.accumulate(query_lens)), device=self.device) - 1
             logits = self.model.compute_logits(hidden[last]).float()
-            q = self._distributions(logits, [it.request for it in active])
-            tokens = self._draw(q, [it.request for it in active], step).tolist()
+            requests = [it.request for it in active]
+            # row i proposes output token number num_output_tokens + offsets[i] of its request
+            offsets = [len(it.token_ids) - it.request.num_tokens + step for it in active]
+            q = self.sampler.probs(logits, requests, offsets)
+            tokens = self._draw(q, requests, step).tolist()
             still = []
             for i, it in enumerate(active):
                 rid = it.request.request_id
@@ -115,31 +115,10 @@ class DraftModelProposer:
             for rid, d in drafts.items()
         }
 
-    def _distributions(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """``q`` per row: one-hot at the argmax for greedy requests, else the filtered softmax."""
-        greedy = [r.sampling_params.greedy for r in requests]
-        if all(greedy):
-            return one_hot_probs(logits)
-        q = self.sampler.filter_logits(logits, requests).softmax(dim=-1)
-        if any(greedy):
-            rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
-            q[rows] = one_hot_probs(logits[rows])
-        return q
-
     def _draw(self, q: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:
-        """One token per row from ``q`` by the exponential race; a seeded request's noise comes
-        from its seed, its output length and the draft position."""
+        """One token per row from ``q`` by the exponential race, with the sampler's noise from the
+        draft stream (``draw`` = the draft's position)."""
         if all(r.sampling_params.greedy for r in requests):  # q is one-hot: its argmax is the draw
             return q.argmax(dim=-1)
-        noise = torch.ones_like(q)
-        for i, r in enumerate(requests):
-            seed = r.sampling_params.seed
-            if r.sampling_params.greedy:
-                continue
-            if seed is None:
-                noise[i].exponential_(generator=self.sampler._default_generator(q.device))
-            else:
-                gen = torch.Generator(device=q.device)
-                gen.manual_seed(_mix64(seed ^ _DRAFT_STREAM, r.num_output_tokens * 64 + step))
-                noise[i].exponential_(generator=gen)
-        return (q / noise.clamp_(min=1e-30)).argmax(dim=-1)
+        noise = self.sampler.exponential(q, requests, DRAFT_STREAM, draw=step)
+        return (q / noise).argmax(dim=-1)

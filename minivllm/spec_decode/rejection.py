@@ -23,7 +23,7 @@ argmax itself, so greedy output is the same token for token as without speculati
 
 :func:`verify` does this for all requests of a step at once: the random numbers (one uniform per
 draft, one ``Exp(1)`` per row and token for the draws, the exponential race of
-``minivllm.engine.sampler``) are drawn by the caller, so a seeded request's result depends on its
+``minivllm.sample.sampler``) are drawn by the caller, so a seeded request's result depends on its
 seed alone.
 """
 
@@ -78,7 +78,3 @@ def verify(
         out.append([*drafts[:a], stop_l[start + a]])
     return out
 
-
-def one_hot_probs(logits: torch.Tensor) -> torch.Tensor:
-    """A greedy row's "distribution": 1 at the argmax (the first, on a tie, as ``argmax``)."""
-    return torch.zeros_like(logits).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)

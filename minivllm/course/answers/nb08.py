@@ -21,28 +21,35 @@ def _quiet_engine():
         log.setLevel(level)
 
 
+class _FirstStepFails:
+    """An executor around the model runner whose first step raises (when ``fail``)."""
+
+    def __init__(self, runner, fail: bool):
+        self.runner, self.fail, self.calls = runner, fail, 0
+
+    def execute(self, plan):
+        self.calls += 1
+        if self.fail and self.calls == 1:
+            raise RuntimeError("the forward pass failed")
+        return self.runner.execute(plan)
+
+
 def _serve_after_a_failure(fail: bool) -> dict:
     """minivllm's engine, one seat: ``A`` (a prompt filling one block) is in the first step,
     which raises when ``fail``; ``C`` waits behind it; ``B`` has ``A``'s block-long prefix and
     arrives after that step. Returns ``{request: (finish reason, prompt tokens from the cache)}``."""
     from minivllm import LLM, SamplingParams
+    from minivllm.core.engine_core import EngineCore
     from minivllm.course.runtime import engine_dtype
 
-    engine = LLM(max_model_len=64, num_kv_blocks=8, max_num_seqs=1, dtype=engine_dtype()).engine
+    def core(scheduler, runner, **kwargs):  # minivllm's step loop over the failing executor
+        return EngineCore(scheduler, _FirstStepFails(runner, fail), **kwargs)
+
+    engine = LLM(max_model_len=64, num_kv_blocks=8, max_num_seqs=1, dtype=engine_dtype(), engine_core=core).engine
     prefix = list(range(10, 26))  # 16 tokens: one full block
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     engine.add_request("A", prefix + [3], params)
     engine.add_request("C", [5, 6, 7], params)
-    execute = engine.core.executor.execute
-    calls = []
-
-    def first_step_fails(plan):
-        calls.append(plan)
-        if fail and len(calls) == 1:
-            raise RuntimeError("the forward pass failed")
-        return execute(plan)
-
-    engine.core.executor.execute = first_step_fails
     done = {}
     with _quiet_engine():
         done.update((o.request_id, o) for o in engine.step() if o.finished)

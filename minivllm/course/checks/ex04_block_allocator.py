@@ -25,6 +25,7 @@ from minivllm.course.kv_replay import (
     random_kv_trace,
 )
 from minivllm.course.runtime import one_cpu_thread
+from minivllm.engine.core_client import local_core
 from minivllm.request import Request
 
 CASES: list[Case] = []
@@ -432,7 +433,7 @@ def _serve(kv, scheduler: str, num_blocks: int):
         llm = LLM(scheduler=scheduler, enable_prefix_caching=False if kv is None else None,
                   max_num_seqs=4 if scheduler == "static" else 8, debug_checks=True, **pool, **ENGINE_ARGS)
         if kv is not None:
-            audit_pool(llm.engine.core)
+            audit_pool(local_core(llm))
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
     tokens = {o.request_id: list(o.outputs[0].token_ids) for o in outs}
     return tokens, llm

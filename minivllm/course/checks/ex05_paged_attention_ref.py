@@ -37,6 +37,7 @@ from minivllm.course.grading import Case, Mismatch, case
 from minivllm.course.harness import TraceRequest, TraceResult, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
 from minivllm.course.work import Work, count_work
+from minivllm.engine.core_client import local_core
 
 CASES: list[Case] = []
 
@@ -350,7 +351,7 @@ def make_llm(backend=None, poisoned: bool = False, **engine_args):
 
     llm = LLM(attention_backend="torch" if backend is None else backend, debug_checks=True, **engine_args)
     if poisoned:
-        for k_cache, v_cache in llm.engine.runner.kv_caches:
+        for k_cache, v_cache in local_core(llm).executor.kv_caches:
             k_cache.fill_(float("nan"))
             v_cache.fill_(float("nan"))
     return llm

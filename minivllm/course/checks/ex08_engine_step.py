@@ -36,7 +36,7 @@ def _events(ex, trace, setup, label):
 
 
 # --- the order of a step -----------------------------------------------------------------------
-@case(CASES, "one step: plan, run, commit the written blocks, append the tokens", "StepLoop.step",
+@case(CASES, "one step: plan, run, commit the written blocks, append the tokens", "StepLoop.run_step",
       "schedule() plans; the executor runs the plan; only after it ran may the step's blocks join the "
       "prefix cache (self.kv.commit_written_blocks()); then update_from_output appends the tokens")
 def _(ex):
@@ -44,7 +44,7 @@ def _(ex):
     _events(ex, trace, CoreSetup(), "three requests")
 
 
-@case(CASES, "a step that raised: discard its blocks, never commit them", "StepLoop.step",
+@case(CASES, "a step that raised: discard its blocks, never commit them", "StepLoop.run_step",
       "a step's blocks join the prefix cache only once the executor has returned; when it raises, "
       "nothing of the step may be shared (self.kv.discard_unwritten_blocks())")
 def _(ex):
@@ -53,7 +53,7 @@ def _(ex):
 
 
 # --- what a step does --------------------------------------------------------------------------
-@case(CASES, "tokens appended, requests ended, the executor's logprobs passed on", "StepLoop.step",
+@case(CASES, "tokens appended, requests ended, the executor's logprobs passed on", "StepLoop.run_step",
       "the tokens the executor sampled go to scheduler.update_from_output; StepOutput carries "
       "them (sampled), the finished requests, and result.logprobs / result.prompt_logprobs")
 def _(ex):
@@ -62,7 +62,7 @@ def _(ex):
     compare_with_engine_core(ex, trace, CoreSetup(max_num_seqs=4), "seven requests, some stop early", times=False)
 
 
-@case(CASES, "statistics: one StepStats per step, describing the engine as the step left it", "StepLoop.step",
+@case(CASES, "statistics: one StepStats per step, describing the engine as the step left it", "StepLoop.run_step",
       "stats.record_step reads the batch, the queue and the KV blocks in use: call it once per step, "
       "after the tokens were appended and finished requests freed their blocks; the prefix-cache "
       "counts are those of the requests scheduled for the first time (rule 8)")
@@ -72,7 +72,7 @@ def _(ex):
     compare_with_engine_core(ex, trace, setup, "six short requests", times=False)
 
 
-@case(CASES, "timestamps: first scheduled, first token, finished (max_tokens=1 too)", "StepLoop.step",
+@case(CASES, "timestamps: first scheduled, first token, finished (max_tokens=1 too)", "StepLoop.run_step",
       "first token = the end of the step that produced it -- also for a request that finished in that "
       "very step (it has left the scheduler by then; stamp its first token before recording it as "
       "finished: the statistics keep the times it has then) and for a sibling forked in it")
@@ -87,7 +87,7 @@ def _(ex):
     compare_with_engine_core(ex, ones, CoreSetup(), "two requests ending at their first token in one step")
 
 
-@case(CASES, "prefix cache: a block is shared only after the step that wrote it ran", "StepLoop.step",
+@case(CASES, "prefix cache: a block is shared only after the step that wrote it ran", "StepLoop.run_step",
       "commit_written_blocks after the executor ran and before update_from_output frees the blocks of "
       "requests that finished in this step (their blocks may be hits for later requests)")
 def _(ex):
@@ -102,7 +102,7 @@ def _(ex):
         raise AssertionError(f"the trace was meant to hit the prefix cache twice; first chunks {first_chunk}")
 
 
-@case(CASES, "a failed step: its requests end with an error, its blocks are never shared", "StepLoop.step",
+@case(CASES, "a failed step: its requests end with an error, its blocks are never shared", "StepLoop.run_step",
       "catch what the executor raises: every request of the plan ends with FINISHED_ERROR and frees its "
       "blocks, the others go on, and a later request with the same prefix must not find the failed "
       "step's blocks in the cache")
@@ -112,7 +112,7 @@ def _(ex):
     compare_with_engine_core(ex, trace, CoreSetup(raise_at={0: "error"}), "the executor raises in step 0")
 
 
-@case(CASES, "a failed row: that request ends with an error and gets no token", "StepLoop.step",
+@case(CASES, "a failed row: that request ends with an error and gets no token", "StepLoop.run_step",
       "the requests in result.failed end with FINISHED_ERROR and their message (finish_requests frees "
       "their blocks); a token drawn for a failed row is not appended; the other rows go on. The executor "
       "returned, so the step's blocks were written: they join the prefix cache before the failed row "
@@ -126,7 +126,7 @@ def _(ex):
     compare_with_engine_core(ex, trace, setup, "row 'nan' fails in the step that wrote its two full blocks")
 
 
-@case(CASES, "n > 1: siblings fork off their leader and sample with it", "StepLoop.step",
+@case(CASES, "n > 1: siblings fork off their leader and sample with it", "StepLoop.run_step",
       "a leader that got its token forks its waiting siblings (scheduler.fork_request), once: a "
       "sibling forked no longer waits in self.pending_siblings (forking it again raises 'already holds "
       "blocks'); the siblings' first tokens are appended in the same step as the leader's")
@@ -136,7 +136,7 @@ def _(ex):
     compare_with_engine_core(ex, trace, CoreSetup(), "n = 3 and n = 2")
 
 
-@case(CASES, "Ctrl-C in the middle of a step: the step's requests end, the interrupt goes up", "StepLoop.step",
+@case(CASES, "Ctrl-C in the middle of a step: the step's requests end, the interrupt goes up", "StepLoop.run_step",
       "a KeyboardInterrupt is not an Exception: clean up exactly as for an error (rule 3), record the "
       "step, then let it go on up")
 def _(ex):
@@ -151,7 +151,7 @@ def _replace_tokens():
     return choose
 
 
-@case(CASES, "beam search: choose_tokens picks the tokens to append", "StepLoop.step",
+@case(CASES, "beam search: choose_tokens picks the tokens to append", "StepLoop.run_step",
       "when step(choose_tokens) is given one, the tokens appended are choose_tokens(plan, result)")
 def _(ex):
     trace = [R("a", (1, 2, 3), 5, stop=(0,)), R("b", (3, 3), 5, arrival_step=1, stop=(0,))]
@@ -159,7 +159,7 @@ def _(ex):
                              choose_tokens=_replace_tokens)
 
 
-@case(CASES, "a step that plans nothing while requests wait raises EngineStalledError", "StepLoop.step",
+@case(CASES, "a step that plans nothing while requests wait raises EngineStalledError", "StepLoop.run_step",
       "raise EngineStalledError when nothing was planned, preempted or ended and requests remain")
 def _(ex):
     trace = [R("stuck", (1, 2), 3)]
@@ -168,7 +168,7 @@ def _(ex):
     expect([r.raised for r in got.steps], [r.raised for r in expected.steps], "what each step raised")
 
 
-@case(CASES, "40 random traces (seeded): preemption, prefixes, forks, stops, aborts, failures", "StepLoop.step",
+@case(CASES, "40 random traces (seeded): preemption, prefixes, forks, stops, aborts, failures", "StepLoop.run_step",
       "compare step by step with minivllm's EngineCore; the note says which trace and step")
 def _(ex):
     for seed in range(40):

@@ -12,20 +12,29 @@ kept if they are among the ``beam_width`` best finished ones.
 The ranking and stopping rules are Hugging Face ``generate(num_beams=k, do_sample=False)``'s
 (``early_stopping=False``): search stops when every candidate hits ``max_tokens``, or when all
 ``beam_width`` finished slots are filled and the best live beam, scored at its current
-length, cannot beat the worst finished one.
+length, cannot beat the worst finished one. Scores are added in float32, as transformers adds
+them, so that near-ties rank the same way.
+
+The search runs where the engine core runs (pure Python, over token ids: ``LLM.beam_search``
+asks the core for it through its client, in either core mode); the front end tokenizes the
+prompts and decodes the sequences.
 """
 
 from __future__ import annotations
 
 import itertools
+import struct
 from dataclasses import dataclass, field
-
-import torch
 
 from minivllm.core.interfaces import Logprobs
 from minivllm.math_utils import cdiv
 from minivllm.request import Request
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (the sum of two float32 scores, as a float32 tensor adds them)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 @dataclass
@@ -38,6 +47,14 @@ class BeamSequence:
 
 
 @dataclass
+class BeamSearchResult:
+    """One prompt's search, as the core returns it: its finished sequences, best first."""
+
+    sequences: list[BeamSequence]
+    error: str | None = None  # set when the model's output for this prompt could not be scored
+
+
+@dataclass
 class BeamSearchOutput:
     prompt: str | None
     prompt_token_ids: list[int]
@@ -47,7 +64,6 @@ class BeamSearchOutput:
 
 @dataclass
 class _Group:
-    prompt: str | None
     prompt_ids: list[int]
     first_beam: Request
     blocks_needed: int  # worst case: every beam diverged from its first token
@@ -65,17 +81,17 @@ class _BeamSearch:
     (``max_num_seqs``); the rest wait for a running prompt to finish (a beam that has to wait
     for blocks or a seat while its siblings hold theirs would otherwise deadlock)."""
 
-    def __init__(self, engine, params: BeamSearchParams):
-        self.engine, self.core, self.params = engine, engine.core, params
+    def __init__(self, core, params: BeamSearchParams, vocab_size: int, max_num_seqs: int,
+                 eos_token_ids: tuple[int, ...]):
+        self.core, self.params = core, params
         self.k = params.beam_width
-        self.eos = set(engine.eos_token_ids) if not params.ignore_eos else set()
+        self.eos = set(eos_token_ids) if not params.ignore_eos else set()
         self.keep = 2 * self.k if self.eos else self.k
-        vocab = engine.model_config.vocab_size
-        if self.keep > vocab:
+        if self.keep > vocab_size:
             raise ValueError(
                 f"beam_width={self.k} ranks the {self.keep} best continuations of every beam at each "
-                f"step but the vocabulary has {vocab} tokens; beam_width may be at most "
-                f"{vocab // (self.keep // self.k)}"
+                f"step but the vocabulary has {vocab_size} tokens; beam_width may be at most "
+                f"{vocab_size // (self.keep // self.k)}"
             )
         self.beam_params = SamplingParams(
             temperature=0.0, max_tokens=params.max_tokens + 1, ignore_eos=True, logprobs=self.keep,
@@ -83,19 +99,12 @@ class _BeamSearch:
         self.counter = itertools.count()
         self.pending: dict[str, Logprobs] = {}  # beam id -> its next-token candidates
         self.blocks_in_use = 0  # worst-case blocks of the prompts started so far
-        self.seats = engine.args.max_num_seqs  # a prompt's beams hold up to beam_width of them
+        self.seats = max_num_seqs  # a prompt's beams hold up to beam_width of them
         self.seats_in_use = 0
         self.group_of: dict[str, _Group] = {}  # beam id -> its prompt's group
 
-    def make_group(self, prompt) -> _Group:
-        engine, params = self.engine, self.params
-        text, ids = engine.tokenize(prompt)
-        engine.check_prompt(ids)
-        if len(ids) + params.max_tokens > engine.max_model_len:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} exceeds "
-                f"max_model_len={engine.max_model_len}"
-            )
+    def make_group(self, ids: list[int]) -> _Group:
+        params = self.params
         if self.k > self.seats:
             raise ValueError(
                 f"beam search with beam_width={self.k} runs {self.k} sequences at once but "
@@ -113,8 +122,8 @@ class _BeamSearch:
                 f"{self.k} beams x {per_beam}) but the pool has {kv.num_blocks}; lower beam_width "
                 f"or max_tokens, or give the engine more KV cache"
             )
-        beam = Request(f"beam-{next(self.counter)}", ids, self.beam_params)
-        group = self.group_of[beam.request_id] = _Group(text, ids, beam, needed)
+        beam = Request(f"beam-{next(self.counter)}", list(ids), self.beam_params)
+        group = self.group_of[beam.request_id] = _Group(list(ids), beam, needed)
         return group
 
     def start(self, group: _Group) -> None:
@@ -194,14 +203,12 @@ class _BeamSearch:
         n_prompt = len(g.prompt_ids)
         cur_gen = g.beams[0][0].num_tokens - n_prompt  # tokens generated so far (same for all)
         entries = [self.pending.pop(b.request_id) for b, _ in g.beams]
-        top_ids = torch.tensor([[t for t, _ in e.top] for e in entries])  # [beams, keep]
-        totals = torch.tensor([[lp for _, lp in e.top] for e in entries], dtype=torch.float32)
-        totals = totals + torch.tensor([s for _, s in g.beams], dtype=torch.float32)[:, None]
-        width = totals.shape[1]
-        top_scores, top_idx = torch.topk(totals.flatten(), k=min(keep, totals.numel()))
-        candidates = [
-            (float(sc), int(i) // width, int(top_ids.flatten()[i])) for sc, i in zip(top_scores, top_idx)
-        ]
+        # every beam's continuations, scored in float32 as transformers adds them; best first
+        # (stable: an exact tie goes to the earlier beam and the likelier token)
+        scored = [(_f32(lp + score), beam, token)
+                  for beam, (entry, (_, score)) in enumerate(zip(entries, g.beams, strict=True))
+                  for token, lp in entry.top]
+        candidates = sorted(scored, key=lambda c: -c[0])[:keep]
         at_limit = cur_gen + 1 >= params.max_tokens
         new_len = cur_gen + 1
         if g.improvable:  # finished candidates: only those ranked in the first k may be kept
@@ -248,27 +255,23 @@ class _BeamSearch:
         return tokens
 
 
-def run_beam_search(engine, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
+def run_beam_search(core, prompts: list[list[int]], params: BeamSearchParams, vocab_size: int,
+                    max_num_seqs: int, eos_token_ids: tuple[int, ...] = ()) -> list[BeamSearchResult]:
+    """Beam search for each prompt (token ids, checked by the front end) on an idle engine
+    ``core``; every check that can fail is made before anything is queued, and an error or an
+    interrupt leaves no beam behind."""
     if not isinstance(params, BeamSearchParams):
         raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-    if engine.has_unfinished_requests():
+    if core.has_unfinished_requests():
         raise RuntimeError("beam search needs an idle engine; finish or abort running requests first")
-    if not engine.can_fork:
+    if not core.can_fork:
         raise ValueError("beam search forks requests: use scheduler='continuous', kv_cache='paged'")
-    search = _BeamSearch(engine, params)
-    groups = [search.make_group(p) for p in prompts]  # validates everything before queueing
+    search = _BeamSearch(core, params, vocab_size, max_num_seqs, eos_token_ids)
+    groups = [search.make_group(ids) for ids in prompts]  # validates everything before queueing
     try:
         search.run(groups)
     finally:  # an error or an interrupt leaves no beam behind
         live = [b.request_id for g in groups for b, _ in g.beams]
         live += [g.first_beam.request_id for g in groups]
-        engine.core.abort_requests(live)
-    decode = engine.tokenizer.decode if engine.tokenizer is not None else (lambda ids, **_: "")
-    return [
-        BeamSearchOutput(g.prompt, g.prompt_ids, [
-            BeamSequence(s.token_ids, s.cum_logprob, s.score,
-                         decode(s.token_ids, skip_special_tokens=True), s.finished_by_eos)
-            for s in g.finished
-        ], g.error)
-        for g in groups
-    ]
+        core.abort_requests(live)
+    return [BeamSearchResult(g.finished, g.error) for g in groups]
