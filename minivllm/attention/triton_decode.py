@@ -293,7 +293,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(by_occupancy, by_work, MAX_SPLITS))
 
 
-def _check_paged_inputs(
+def check_paged_inputs(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor
 ) -> tuple[int, int]:
     """Validate shapes/dtypes shared by decode and prefill; returns ``(num_kv_heads, group)``.
@@ -354,7 +354,7 @@ def paged_decode_attention(
     plain kernel). ``max_seq_len`` only feeds the heuristic; pass it when known to avoid a
     device-to-host sync.
     """
-    num_kv_heads, group = _check_paged_inputs(q, k_cache, v_cache, block_tables)
+    num_kv_heads, group = check_paged_inputs(q, k_cache, v_cache, block_tables)
     num_seqs, num_heads, head_dim = q.shape
     block_size = k_cache.shape[1]
     if seq_lens.shape != (num_seqs,) or block_tables.shape[0] != num_seqs:

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.triton_decode import (
-    _check_paged_inputs,
+    check_paged_inputs,
     dot_settings,
     load_kv_block,
     online_softmax_step,
@@ -146,7 +146,7 @@ def paged_prefill_attention(
     readable_lens()``) then says how many positions each sequence wrote, and no slot past them
     is loaded. Padding rows' outputs are computed from those positions and are to be thrown away.
     """
-    num_kv_heads, group = _check_paged_inputs(q, k_cache, v_cache, block_tables)
+    num_kv_heads, group = check_paged_inputs(q, k_cache, v_cache, block_tables)
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     readable_lens = seq_lens if readable_lens is None else readable_lens

@@ -120,17 +120,23 @@ class SchedulerOutput:
 
     def add(
         self, request: Request, num_computed: int, num_new: int, block_ids: list[int],
-        num_padding: int = 0,
+        num_padding: int = 0, draft_token_ids: list[int] | None = None,
     ) -> None:
         """Append one request's share (the readable way; the scheduler's hot loop appends to
-        the lists directly). ``sample`` is derived: the step computes its last token."""
+        the lists directly): it computes its tokens ``[num_computed, num_computed + num_new)``
+        and, under speculative decoding, the drafts it verifies after its last token (the entry
+        then computes ``num_new + len(draft_token_ids)`` rows). ``sample`` is derived: the step
+        computes its last token."""
+        drafts = list(draft_token_ids) if draft_token_ids else []
         self.requests.append(request)
         self.num_computed.append(num_computed)
-        self.num_new.append(num_new)
+        self.num_new.append(num_new + len(drafts))
         self.block_ids.append(block_ids)
         self.sample.append(num_new > 0 and num_computed + num_new == request.num_tokens)
         if num_padding:
             self.num_padding[request.request_id] = num_padding
+        if drafts:
+            self.spec_token_ids[request.request_id] = drafts
 
     def remove(self, request: Request) -> int:
         """Take a request back out of the plan (it was preempted); returns its token count."""

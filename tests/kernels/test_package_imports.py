@@ -91,3 +91,35 @@ def test_the_package_has_no_import_circle():
 def test_the_circle_finder_finds_one():
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+def package_of(module: str) -> str:
+    """``minivllm.engine.llm`` -> ``minivllm.engine``; a top-level module is its own package."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_the_subpackages_import_each_other_without_a_circle():
+    """Between subpackages (core, engine, sample, spec_decode, sim, ...) the imports go one way: a
+    package that imports another is never imported back by it (``engine -> spec_decode ->
+    engine`` was such a circle, through the sampler)."""
+    packages: dict[str, set[str]] = {}
+    for module, edges in import_graph().items():
+        here = package_of(module)
+        packages.setdefault(here, set()).update(package_of(e) for e in edges if package_of(e) != here)
+    assert {"minivllm.engine", "minivllm.spec_decode", "minivllm.sample"} <= set(packages)
+    circle = find_circle(packages)
+    assert circle is None, " -> ".join(circle)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """``from minivllm.x import _name`` is how one module leans on another's insides; what a
+    module offers others is public (its name has no leading underscore)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minivllm") or (
+                isinstance(node, ast.ImportFrom) and node.level
+            ):
+                found += [f"{path.relative_to(PACKAGE.parent)}: from {node.module} import {a.name}"
+                          for a in node.names if a.name.startswith("_")]
+    assert not found, found
