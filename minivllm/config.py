@@ -135,7 +135,7 @@ class EngineArgs:
             raise TypeError(
                 f"engine_core must be an EngineCore subclass or a factory, got {type(self.engine_core).__name__}"
             )
-        make_policy(self.scheduling_policy)
+        self.scheduling_policy = make_policy(self.scheduling_policy)  # the one policy object
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if not isinstance(self.kv_cache_dtype, str):
             raise TypeError(
@@ -266,6 +266,16 @@ def build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[
     check_kv_pool(scheduler.kv.num_blocks, scheduler.kv.block_size, max_model_len,
                   num_lookahead_tokens=args.num_lookahead_tokens)
     return scheduler
+
+
+def given_kv_cache_manager(args: EngineArgs) -> KVCacheManagerInterface | None:
+    """The KV cache manager ``args`` bring (``kv_cache=<instance>``, or the one a
+    ``scheduler=<instance>`` holds), or ``None`` when the engine builds its own."""
+    if not isinstance(args.kv_cache, str):
+        return args.kv_cache
+    if not isinstance(args.scheduler, str) and not callable(args.scheduler):
+        return args.scheduler.kv
+    return None
 
 
 def _build_scheduler(args: EngineArgs, max_model_len: int, num_blocks: Callable[[], int]) -> SchedulerInterface:

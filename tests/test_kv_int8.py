@@ -21,6 +21,7 @@ import pytest
 import torch
 from support import save_random_checkpoint
 
+import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.attention import get_attention_backend
 from minivllm.attention.kv_quant import (
@@ -263,4 +264,20 @@ def test_the_simulator_honours_kv_cache_dtype():
     int8 = Simulator("llama-3-8b", "H100-SXM", kv_cache_memory=1 << 30, max_model_len=4096,
                      kv_cache_dtype="int8")
     assert auto.model.kv_dtype == "bf16" and int8.model.kv_dtype == "int8"
-    assert int8.num_kv_blocks == 2 * auto.num_kv_blocks
+    assert auto.num_kv_blocks == (1 << 30) // (2 * 32 * 8 * 128 * 2 * 16)
+    # the engine's layout: one byte per value and a float32 scale per row (token and KV head)
+    assert int8.num_kv_blocks == (1 << 30) // (2 * 32 * 8 * (128 + 4) * 16)
+
+
+def test_the_engine_and_the_simulator_count_kv_bytes_by_one_rule():
+    """The tiny model's bytes per token in each format: the engine's pool sizing and the
+    simulator's spec of the same checkpoint agree (int8 with its scales)."""
+    from minivllm.model.config import ModelConfig
+    from minivllm.sim.model_spec import ModelSpec
+    from minivllm.sim.simulator import Simulator
+
+    cfg = ModelConfig.from_file(minivllm.TINY_MODEL_DIR)
+    spec = ModelSpec.from_config(cfg, "tiny", kv_dtype="fp32")
+    assert cfg.kv_bytes_per_token(4) == spec.kv_bytes_per_token()
+    sim = Simulator(spec, "H100-SXM", kv_cache_memory=1 << 24, max_model_len=256, kv_cache_dtype="int8")
+    assert cfg.kv_bytes_per_token(1, "int8") == sim.model.kv_bytes_per_token()

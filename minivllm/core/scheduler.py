@@ -42,14 +42,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
-    policy: Any = "fcfs"  # a name from SCHEDULING_POLICIES or a SchedulingPolicy object
+    policy: Any = "fcfs"  # a name from SCHEDULING_POLICIES or a SchedulingPolicy object (kept as the object)
     # speculative decoding: a step may verify up to this many drafts per request ...
     num_speculative_tokens: int = 0
     # ... and reserves this many slots past them (a draft model's own K/V for the next drafts)
     num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
-        make_policy(self.policy)  # a clear error now rather than at the first step
+        self.policy = make_policy(self.policy)  # a name becomes its policy object, once
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -75,7 +75,7 @@ class SchedulerBase:
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
         self.config = config
         self.kv = kv_cache_manager
-        self.policy = make_policy(config.policy)
+        self.policy = config.policy
         # FCFS keeps a deque (preempted requests go back to its front); any other policy a
         # heap ordered by its waiting_key
         self._fifo = isinstance(self.policy, FCFSPolicy)

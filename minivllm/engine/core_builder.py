@@ -21,6 +21,7 @@ from minivllm.config import (
     EngineArgs,
     build_engine_core,
     build_scheduler,
+    given_kv_cache_manager,
     resolve_max_model_len,
     resolve_num_kv_blocks,
 )
@@ -75,9 +76,11 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
     draft_model = load_draft_model(args, model) if args.speculative_config is not None else None
     if draft_model is not None:
         pool.add_model(draft_model.config)
-    scheduler = build_scheduler(args, max_model_len, pool.num_kv_blocks)
+    given = given_kv_cache_manager(args)
+    num_blocks = given.num_blocks if given is not None else pool.num_kv_blocks()
+    pool.check_memory(num_blocks)  # before any block of a built-in pool exists
+    scheduler = build_scheduler(args, max_model_len, lambda: num_blocks)
     kv = scheduler.kv
-    pool.check_memory(kv.num_blocks)
     sampler = Sampler(seed=args.seed)
     speculative = None
     if args.speculative_config is not None:
@@ -146,10 +149,7 @@ class _Pool:
         self.bytes_per_block += per_token * self.args.block_size
 
     def num_kv_blocks(self) -> int:
-        num_blocks = resolve_num_kv_blocks(self.args, self.max_model_len, self.bytes_per_block,
-                                           self._default_memory)
-        self.check_memory(num_blocks)  # before any block object exists
-        return num_blocks
+        return resolve_num_kv_blocks(self.args, self.max_model_len, self.bytes_per_block, self._default_memory)
 
     def _default_memory(self) -> int:
         if self.device.type == "cuda":

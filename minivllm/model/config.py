@@ -11,6 +11,16 @@ from typing import Any
 # this module stays free of torch, so the number is repeated, and a test checks they agree)
 INT8_SCALE_BYTES = 4
 
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bits_per_value: float,
+                       scale_bytes: int = 0) -> float:
+    """Bytes of one token's K and V in every layer: a key and a value row per KV head, each of
+    ``head_dim`` values of ``bits_per_value`` bits plus ``scale_bytes`` of scale stored beside it
+    (an 8-bit cache with a scale per token and head: ``INT8_SCALE_BYTES``; a float cache, or a
+    format whose scale is one per tensor: 0). The one rule the engine's pool sizing
+    (:meth:`ModelConfig.kv_bytes_per_token`) and the simulator's (``ModelSpec``) both use."""
+    return 2 * num_layers * num_kv_heads * (head_dim * bits_per_value / 8 + scale_bytes)
+
 # the checkpoint shipped with the package (see docs/tiny_model.md)
 TINY_MODEL_DIR = str(Path(__file__).resolve().parent.parent / "tiny_model")
 
@@ -68,10 +78,12 @@ class ModelConfig:
         ``2 * layers * kv_heads * (head_dim + 4)``: one byte per code and a float32 scale per
         row (the layout of ``minivllm/attention/kv_quant.py``)."""
         if kv_cache_dtype == "int8":
-            return 2 * self.num_layers * self.num_kv_heads * (self.head_dim + INT8_SCALE_BYTES)
-        if kv_cache_dtype != "auto":
+            bits, scale = 8, INT8_SCALE_BYTES
+        elif kv_cache_dtype == "auto":
+            bits, scale = 8 * dtype_bytes, 0
+        else:
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of ('auto', 'int8')")
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        return int(kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bits, scale))
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:

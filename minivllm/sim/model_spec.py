@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivllm.model.config import ModelConfig
+from minivllm.model.config import ModelConfig, kv_bytes_per_token
 
 # bits per element before quantisation overheads
 DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
@@ -55,6 +55,7 @@ class ModelSpec:
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     quant_group_size: int = 128
+    kv_scale_bytes: int = 0  # bytes of scale stored beside each K or V row (per token and KV head)
 
     def __post_init__(self) -> None:
         _check_dtype(self.weight_dtype)
@@ -181,10 +182,13 @@ class ModelSpec:
         return self.linear_weight_bytes + self.norm_params * b
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
-        """K and V of one token in every layer and KV head (per-token quantisation scales of
-        int8/int4 KV caches are ignored: a few bytes per head)."""
+        """K and V of one token in every layer and KV head, ``kv_dtype``'s bits per value plus
+        ``kv_scale_bytes`` per row (``minivllm.model.config.kv_bytes_per_token``, the engine's
+        rule). A quantised format's scale is one per tensor here unless ``kv_scale_bytes`` says
+        otherwise: ``Simulator(kv_cache_dtype="int8")`` models the engine's 8-bit cache, whose
+        float32 scale per token and KV head is 4 bytes per row."""
         bits = DTYPE_BITS[_check_dtype(kv_dtype or self.kv_dtype)]
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bits / 8
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bits, self.kv_scale_bytes)
 
     # --- FLOPs ---------------------------------------------------------------------------
     @property

@@ -39,6 +39,7 @@ from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.input_processor import InputProcessor
 from minivllm.metrics import EngineStats
+from minivllm.model.config import INT8_SCALE_BYTES
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 from minivllm.sim.cost_model import CostModel, StepCost, scheduled_rows
@@ -85,7 +86,8 @@ class Simulator:
     :class:`minivllm.config.EngineArgs` (``block_size``, ``num_kv_blocks``, ``max_num_seqs``,
     ``scheduler``, ``kv_cache``, ... including plug-in instances); arguments about the model
     runner (``dtype``, ``device``, ``attention_backend``) are accepted and ignored. The KV
-    dtype is the ``ModelSpec``'s ``kv_dtype``; ``kv_cache_dtype="int8"`` makes it ``"int8"``.
+    dtype is the ``ModelSpec``'s ``kv_dtype``; ``kv_cache_dtype="int8"`` makes it the engine's 8-bit layout (``"int8"`` plus a
+    float32 scale per token and KV head).
 
     Speculative decoding: ``speculative_config`` as for the engine, whose draft ``model`` is a
     :class:`ModelSpec` or a preset name, plus ``acceptance_rate``, the chance that each draft
@@ -107,10 +109,11 @@ class Simulator:
         **engine_args,
     ):
         self.model = preset(model) if isinstance(model, str) else model
-        if engine_args.get("kv_cache_dtype") == "int8" and self.model.kv_dtype != "int8":
+        if engine_args.get("kv_cache_dtype") == "int8":
             # the engine argument, honoured the simulator's way: the spec's KV format (which
-            # sizes the pool and the KV traffic of every step)
-            self.model = self.model.with_dtypes(kv_dtype="int8")
+            # sizes the pool and the KV traffic of every step) is the engine's 8-bit layout,
+            # its float32 scale per token and KV head included
+            self.model = dataclasses.replace(self.model, kv_dtype="int8", kv_scale_bytes=INT8_SCALE_BYTES)
         self.hardware = get_hardware(hardware)
         self.cost_model = cost_model or CostModel(self.model, self.hardware)
         if self.cost_model.model != self.model or self.cost_model.hardware != self.hardware:
@@ -212,8 +215,8 @@ class Simulator:
             except KeyError as err:
                 raise ValueError(f"speculative_config['model'] for the simulator is a ModelSpec or a preset "
                                  f"name: {err.args[0]}") from None
-        if self.model.kv_dtype == "int8" != draft.kv_dtype:
-            draft = draft.with_dtypes(kv_dtype="int8")
+        if self.model.kv_dtype == "int8":
+            draft = dataclasses.replace(draft, kv_dtype="int8", kv_scale_bytes=self.model.kv_scale_bytes)
         return draft
 
     def _num_kv_blocks(self) -> int:
