@@ -181,7 +181,7 @@ class EngineCoreLoop:
             self._send(step_summary(core, before))
             return
         self._deltas.extend(step_deltas(core, step_out))
-        self._send(step_summary(core, before))
+        self._send(step_summary(core, before), step_out.end_time)
 
     def _fail_everything(self, error: Exception) -> None:
         """``step()`` raised: nobody can tell which requests were in the failed batch or how
@@ -191,9 +191,9 @@ class EngineCoreLoop:
         ended = self.core.finish_requests(list(self.core.scheduler.requests), RequestStatus.FINISHED_ERROR)
         self._deltas.extend(RequestDelta(r.request_id, [], "error", error=message) for r in ended)
 
-    def _send(self, summary: StepSummary | None) -> None:
+    def _send(self, summary: StepSummary | None, timestamp: float | None = None) -> None:
         deltas, self._deltas = self._deltas, []
-        self.emit(EngineCoreOutputs(deltas, core_state(self.core), summary))
+        self.emit(EngineCoreOutputs(deltas, core_state(self.core), summary, timestamp))
 
     def _shutdown(self) -> None:
         core = self.core

@@ -136,11 +136,14 @@ class StepSummary:
 @dataclass(slots=True)
 class EngineCoreOutputs:
     """One message from the core: the deltas of one step (or of a command that ended samples),
-    the state it left, and the step's figures (``None`` when no step ran)."""
+    the state it left, the step's figures (``None`` when no step ran) and ``timestamp``, the
+    core's clock when the step ended -- the moment its tokens exist, which the core stamps as a
+    request's first-token time (``None`` when no step ran)."""
 
     deltas: list[RequestDelta]
     state: CoreState
     step: StepSummary | None = None
+    timestamp: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

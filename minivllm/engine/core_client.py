@@ -162,7 +162,8 @@ class InprocCore:
         core = self.core
         before = core.stats.num_steps
         step_out = core.step()
-        return EngineCoreOutputs(step_deltas(core, step_out), core_state(core), step_summary(core, before))
+        return EngineCoreOutputs(step_deltas(core, step_out), core_state(core), step_summary(core, before),
+                                 step_out.end_time)
 
     def call(self, method: str, *args):
         self._loop.handle(UtilityCall(0, method, args))

@@ -182,7 +182,7 @@ class LLMEngine:
         except BaseException:  # Ctrl-C: the core ended the step's requests; forget them here too
             self._forget_ended_in_core()
             raise
-        done = self.output_processor.process(core_out.deltas)
+        done = self.output_processor.process(core_out.deltas, core_out.timestamp)
         if done.stopped:
             self.core_client.finish_requests(done.stopped, RequestStatus.FINISHED_STOPPED)
         return done.outputs

@@ -70,9 +70,10 @@ class _Family:
     prompt: str | None
     prompt_token_ids: list[int]
     kind: RequestOutputKind
-    metrics: RequestMetrics
-    own_metrics: bool  # stamped here until the core's record arrives (the delta that ends it)
+    metrics: RequestMetrics  # the core's times (see OutputProcessor.process)
+    own_metrics: bool  # filled here from the core's step times until the core's record arrives
     children: list[_ChildState] = field(default_factory=list)
+    delivered_at: float | None = None  # this process's clock when its tokens last reached it
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_unfinished: int = 0
@@ -85,13 +86,18 @@ class _Family:
 @dataclass
 class ProcessedOutputs:
     """What one batch of deltas gave: ``outputs`` for the user; ``stopped``, sample ids that hit
-    a stop string (end them in the core); per family, the tokens it got (``new_tokens``) and the
-    finish reasons of its samples that ended (``ended``) -- what the server's metrics count."""
+    a stop string (end them in the core); per family, the tokens it got (``new_tokens``), the
+    finish reasons of its samples that ended (``ended``) and, measured where the tokens reached
+    this process (its clock, when the batch was processed), the time since its arrival for a
+    family whose first tokens these are (``first_token_latency``) and since its previous tokens
+    for the others (``inter_token_latency``) -- what the server's metrics count."""
 
     outputs: list[RequestOutput] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     new_tokens: dict[str, int] = field(default_factory=dict)
     ended: list[tuple[str, str]] = field(default_factory=list)  # (family id, finish reason)
+    first_token_latency: dict[str, float] = field(default_factory=dict)
+    inter_token_latency: dict[str, float] = field(default_factory=dict)
 
 
 class OutputProcessor:
@@ -113,9 +119,11 @@ class OutputProcessor:
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
         kind: RequestOutputKind = CUMULATIVE, arrival_time: float | None = None,
     ) -> None:
-        """Follow a request the core was given. Its times are stamped here (from
-        ``arrival_time``) until the delta that ends its first sample brings the core's record,
-        read off the core's ``Request`` (the times' one owner), in either mode of the core."""
+        """Follow a request the core was given (at ``arrival_time``). Its times are the core's:
+        the first-token time is the end of the core's step that gave it its first token (the
+        ``timestamp`` of that step's outputs: the very time the core stamps on its ``Request``),
+        and the delta that ends its first sample brings the core's whole record (read off that
+        ``Request``, the times' one owner), in either mode of the core."""
         metrics = RequestMetrics(arrival_time=self.clock() if arrival_time is None else arrival_time)
         family = _Family(request_id, prompt, list(prompt_token_ids), kind, metrics, True)
         for i, rid in enumerate(sample_ids(request_id, params.n)):
@@ -159,10 +167,13 @@ class OutputProcessor:
         return out
 
     # --- deltas from the core --------------------------------------------------------------
-    def process(self, deltas: Iterable[RequestDelta]) -> ProcessedOutputs:
+    def process(self, deltas: Iterable[RequestDelta], timestamp: float | None = None) -> ProcessedOutputs:
+        """One message's deltas (``EngineCoreOutputs.deltas``); ``timestamp``: the core's clock
+        when their step ended (``EngineCoreOutputs.timestamp``)."""
         result = ProcessedOutputs()
         touched: dict[str, _Family] = {}
-        now = None
+        now = self.clock()  # when these tokens reached this process
+        step_time = timestamp if timestamp is not None else now
         for d in deltas:
             state = self.children.get(d.request_id)
             if state is None or state.finished:  # aborted, or stopped here: the core had not heard yet
@@ -176,15 +187,14 @@ class OutputProcessor:
                 got = family.prompt_logprobs = family.prompt_logprobs or []
                 got[first : first + len(entries)] = [None if e is None else self._position(e) for e in entries]
             if d.new_token_ids:
-                if family.own_metrics and family.metrics.first_token_time is None:
-                    now = now if now is not None else self.clock()
-                    family.metrics.first_token_time = now
-                stop = self._append(state, d)
                 family_id = family.request_id
+                if family_id not in result.new_tokens:  # the family's tokens of this batch
+                    self._delivered(family, now, step_time, result)
+                stop = self._append(state, d)
                 result.new_tokens[family_id] = result.new_tokens.get(family_id, 0) + len(d.new_token_ids)
                 if stop is not None:
                     state.stop_reason = stop
-                    self._end(state, "stop", result)
+                    self._end(state, "stop", result, step_time)
                     if d.finish_reason is None:  # the core goes on with it until told
                         result.stopped.append(state.request_id)
                     continue
@@ -192,7 +202,7 @@ class OutputProcessor:
                 state.stop_reason, state.error = d.stop_reason, d.error
                 if state.index == 0 and d.metrics is not None:
                     family.metrics, family.own_metrics = d.metrics, False
-                self._end(state, d.finish_reason, result)
+                self._end(state, d.finish_reason, result, step_time)
         result.outputs = self._outputs(touched.values())
         return result
 
@@ -220,7 +230,21 @@ class OutputProcessor:
                 return stop
         return None
 
-    def _end(self, state: _ChildState, reason: str, result: ProcessedOutputs) -> None:
+    @staticmethod
+    def _delivered(family: _Family, now: float, step_time: float, result: ProcessedOutputs) -> None:
+        """A family's tokens reached this process at ``now``, from a step that ended at
+        ``step_time`` (the core's clock)."""
+        if family.delivered_at is None:
+            result.first_token_latency[family.request_id] = now - family.metrics.arrival_time
+            if family.own_metrics and family.metrics.first_token_time is None:
+                family.metrics.first_token_time = step_time
+        else:
+            result.inter_token_latency[family.request_id] = now - family.delivered_at
+        family.delivered_at = now
+
+    def _end(self, state: _ChildState, reason: str, result: ProcessedOutputs, when: float | None = None) -> None:
+        """``state`` ends with ``reason``; ``when``: the core's time of the step whose tokens
+        ended it (a stop string found here), else this process's clock (an abort from here)."""
         state.finish_reason = reason
         state.changed = True
         family = state.family
@@ -228,7 +252,7 @@ class OutputProcessor:
         result.ended.append((family.request_id, reason))
         if family.own_metrics and family.finished:
             m = family.metrics
-            m.finished_time = self.clock()
+            m.finished_time = when if when is not None else self.clock()
             m.num_output_tokens = family.children[0].num_tokens
 
     def abort(self, request_ids: Iterable[str]) -> tuple[list[RequestOutput], list[tuple[str, str]]]:

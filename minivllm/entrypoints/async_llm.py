@@ -57,14 +57,12 @@ class RequestFailedError(RuntimeError):
 
 
 @dataclass
-class _Timing:
-    """Per-request clock readings for the latency histograms (event loop thread)."""
+class _InFlight:
+    """What the server counts of a request in flight (event loop thread); its times are the
+    output processor's."""
 
-    arrival_time: float
     num_prompt_tokens: int
     num_samples: int  # n: every sample is one sequence in the finish counts
-    first_token_time: float | None = None
-    last_token_time: float = 0.0
     error: str | None = None  # the first error one of its samples ended with
 
 
@@ -171,7 +169,7 @@ class AsyncLLM:
         window = engine.get_stats().window
         engine.set_stats_window(STATS_WINDOW if window is None else min(window, STATS_WINDOW))
         self._streams: dict[str, RequestStream] = {}
-        self._timing: dict[str, _Timing] = {}
+        self._in_flight: dict[str, _InFlight] = {}
         self._sequences = 0  # samples in flight, for max_waiting
         self._running = 0  # sequences holding a seat at the core's last message
         self._prefix = [0, 0]  # prompt tokens looked up in / served from the prefix cache
@@ -267,7 +265,7 @@ class AsyncLLM:
         self._connection.send(EngineCoreRequest(request_id, ids, params, arrival, priority, inputs.cache_salt))
         stream = RequestStream(request_id, text, ids, params.n, output_kind, self._abort_from_caller)
         self._streams[request_id] = stream
-        self._timing[request_id] = _Timing(arrival, len(ids), params.n)
+        self._in_flight[request_id] = _InFlight(len(ids), params.n)
         self._sequences += params.n
         return stream
 
@@ -318,11 +316,11 @@ class AsyncLLM:
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-        timing = self._timing.pop(request_id, None)
-        if timing is not None:
-            self._sequences -= timing.num_samples
+        tracked = self._in_flight.pop(request_id, None)
+        if tracked is not None:
+            self._sequences -= tracked.num_samples
             with self.metrics.lock:
-                self.metrics.prompt_tokens.inc(timing.num_prompt_tokens)
+                self.metrics.prompt_tokens.inc(tracked.num_prompt_tokens)
 
     # --- messages from the core (event loop thread) ------------------------------------------
     def _on_message(self, message: EngineCoreOutputs) -> None:
@@ -334,11 +332,10 @@ class AsyncLLM:
                 self._connection.begin_close()  # shutdown() waits for the same stop
 
     def _handle(self, message: EngineCoreOutputs) -> None:
-        now = time.perf_counter()
-        done = self.output_processor.process(message.deltas)
+        done = self.output_processor.process(message.deltas, message.timestamp)
         if done.stopped:
             self._connection.send(FinishRequests(tuple(done.stopped), RequestStatus.FINISHED_STOPPED))
-        self._record(done, now)
+        self._record(done)
         self._count_ended(done.ended)
         self._refresh_gauges(message)
         for out in done.outputs:
@@ -346,42 +343,40 @@ class AsyncLLM:
 
     def _deliver(self, out: RequestOutput) -> None:
         rid = out.request_id
-        timing = self._timing.get(rid)
-        if timing is not None and timing.error is None:
-            timing.error = next((c.error or "unknown error" for c in out.outputs if c.finish_reason == "error"), None)
+        tracked = self._in_flight.get(rid)
+        if tracked is not None and tracked.error is None:
+            tracked.error = next((c.error or "unknown error" for c in out.outputs if c.finish_reason == "error"), None)
         stream = self._streams.get(rid)
         if not out.finished:
             if stream is not None:
                 stream._put(out)
             return
-        if timing is not None:
+        if tracked is not None:
             with self.metrics.lock:
-                self.metrics.e2e.observe(time.perf_counter() - timing.arrival_time)
-                if timing.error is not None:
+                self.metrics.e2e.observe(time.perf_counter() - out.metrics.arrival_time)
+                if tracked.error is not None:
                     self.metrics.failed.inc()
         if stream is not None:
-            if timing is not None and timing.error is not None:
-                stream._fail(RequestFailedError(f"the engine failed this request: {timing.error}"))
+            if tracked is not None and tracked.error is not None:
+                stream._fail(RequestFailedError(f"the engine failed this request: {tracked.error}"))
             else:
                 stream._put(out)
         self._forget(rid)
 
-    def _record(self, done: ProcessedOutputs, now: float) -> None:
-        """Latency histograms, measured where the caller gets the tokens: right after the
-        step's outputs were processed. TTFT counts from the arrival, queueing included."""
+    def _record(self, done: ProcessedOutputs) -> None:
+        """Latency histograms, measured where the caller gets the tokens (the output
+        processor's readings, right after the step's outputs were processed). TTFT counts from
+        the arrival, queueing included."""
         m = self.metrics
         with m.lock:
             for rid, new in done.new_tokens.items():
-                timing = self._timing.get(rid)
-                if timing is None:
+                if rid not in self._in_flight:
                     continue
-                if timing.first_token_time is None:
-                    timing.first_token_time = now
-                    m.ttft.observe(now - timing.arrival_time)
+                if rid in done.first_token_latency:
+                    m.ttft.observe(done.first_token_latency[rid])
                 else:
-                    m.itl.observe(now - timing.last_token_time)
+                    m.itl.observe(done.inter_token_latency[rid])
                 m.generation_tokens.inc(new)
-                timing.last_token_time = now
 
     def _count_ended(self, ended: list[tuple[str, str]]) -> None:
         """Each sample that ended counts once, by its finish reason."""
@@ -415,7 +410,7 @@ class AsyncLLM:
             self._dead = error
         streams = list(self._streams.values())
         self._streams.clear()
-        self._timing.clear()
+        self._in_flight.clear()
         self._sequences = 0
         self.output_processor.clear()
         for stream in streams:
