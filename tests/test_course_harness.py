@@ -11,8 +11,6 @@ from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
-    FakeExecutor,
-    InjectedInterrupt,
     StepMismatch,
     TraceRequest,
     TraceRun,
@@ -22,11 +20,12 @@ from minivllm.course.harness import (
 )
 from minivllm.course.reference import DECISIONS, Replay, run_reference
 from minivllm.sampling_params import MAX_N
+from minivllm.sim.executor import Faults, InjectedInterrupt, ModelFreeExecutor
 
 
-def core(scheduler_class=Scheduler, num_blocks: int = 16, **executor) -> EngineCore:
+def core(scheduler_class=Scheduler, num_blocks: int = 16, **faults) -> EngineCore:
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
-    fake = FakeExecutor(**executor)
+    fake = ModelFreeExecutor(vocab=4, faults=Faults(**faults), logprobs=True)
     return EngineCore(scheduler_class(config, KVCacheManager(num_blocks, 4)), fake, clock=fake.clock)
 
 
@@ -127,7 +126,7 @@ class WrongStatus(Scheduler):
 
 def test_every_step_checks_the_pool_and_the_queues_through_the_protocols():
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
-    leaky = EngineCore(Scheduler(config, Leaky(8, 4)), FakeExecutor())
+    leaky = EngineCore(Scheduler(config, Leaky(8, 4)), ModelFreeExecutor(vocab=4))
     with pytest.raises(AssertionError, match="the pool says 1 blocks are in use, but live requests hold 2"):
         run_trace(leaky, [TraceRequest("a", 6, 2)])
     with pytest.raises(StepMismatch, match="status of the requests in running / waiting"):

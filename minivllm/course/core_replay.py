@@ -2,7 +2,7 @@
 
 Exercise 08's unit cases run the student's step loop and minivllm's ``EngineCore`` side by side
 over the same minivllm scheduler and KV cache manager, with
-:class:`~minivllm.course.harness.FakeExecutor` (which can fail rows, raise, or be interrupted),
+:class:`~minivllm.sim.executor.ModelFreeExecutor` (which can fail rows, raise, or be interrupted),
 and compare every step: the calls made and their order, the plan, the tokens appended, who
 finished and who failed, the log-probabilities passed through, the step's ``StepStats`` and its
 times; then every request's timestamps against the definitions of the latency metrics, and the
@@ -30,9 +30,6 @@ from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
-    FakeExecutor,
-    InjectedInterrupt,
-    StepClock,
     TraceRequest,
     TraceResult,
     expect_same_steps,
@@ -41,6 +38,7 @@ from minivllm.course.harness import (
 )
 from minivllm.metrics import EngineStats
 from minivllm.request import Request
+from minivllm.sim.executor import Faults, InjectedInterrupt, ModelFreeExecutor
 
 VOCAB = 4  # the fake executor draws token ids 0..3; a trace's stop tokens come from them
 CoreRequest = TraceRequest  # the name the exercise's tests use
@@ -135,13 +133,13 @@ class CoreSetup:
     def core(self, core_class: Callable[..., EngineCore], log: list[str]) -> EngineCore:
         """``core_class(scheduler, executor, clock=..., stats=..., debug_checks=True)`` over
         minivllm's scheduler (leaving commits to the core) and paged KV cache manager."""
-        clock = StepClock()
         kv = LoggedKV(self.num_blocks, self.block_size, self.prefix_caching, log)
         config = SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                  max_model_len=self.max_model_len, policy=self.policy)
         scheduler = (NeverSchedules if self.never_schedules else LoggingScheduler)(config, kv)
-        executor = FakeExecutor(clock, self.seed, self.fail_rows, self.raise_at, self.token_for_failed_rows, log)
-        return core_class(scheduler, executor, clock=clock, stats=EngineStats(window=None), debug_checks=True)
+        faults = Faults(self.fail_rows, self.raise_at, self.token_for_failed_rows)
+        executor = ModelFreeExecutor(vocab=VOCAB, seed=self.seed, faults=faults, logprobs=True, log=log)
+        return core_class(scheduler, executor, clock=executor.clock, stats=EngineStats(window=None), debug_checks=True)
 
 
 def run_core(

@@ -11,9 +11,9 @@ the step did, the KV cache after it. The records come from the engine's step lis
 The same loop serves two kinds of engine, the difference being the executor:
 
 * an ``LLM`` (or ``LLMEngine``): the real model, with whatever parts were plugged in;
-* an ``EngineCore`` over a :class:`FakeExecutor`: no model, seeded tokens (and, on request,
-  failing rows, a raising step, a Ctrl-C), for replaying schedulers, KV cache managers and step
-  loops in milliseconds.
+* an ``EngineCore`` over the simulator's :class:`~minivllm.sim.executor.ModelFreeExecutor`: no
+  model, seeded tokens (and, on request, failing rows, a raising step, a Ctrl-C), for replaying
+  schedulers, KV cache managers and step loops in milliseconds.
 
 After every step the run checks, through the protocols only, that queued requests have the
 status of their queue and (unless ``check_pool=False``: minivllm's own manager) that the pool's
@@ -30,18 +30,17 @@ first step and field that differ, with the state before that step; given a live
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from minivllm.core.engine_core import EngineCoreBase
-from minivllm.core.interfaces import Logprobs, ModelRunnerOutput
 from minivllm.course.grading import Mismatch
 from minivllm.engine.core_client import local_core
 from minivllm.metrics import EngineStats, StepStats
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
+from minivllm.sim.executor import InjectedInterrupt
 
 WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -217,82 +216,6 @@ class TraceResult:
 
 
 # --- an executor without a model ------------------------------------------------------------------
-class InjectedInterrupt(KeyboardInterrupt):
-    """A Ctrl-C the fake executor raises in the middle of a step (a subclass, so that a run never
-    swallows a real one)."""
-
-
-class StepClock:
-    """Seconds that pass only while the executor runs: one per step."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class FakeExecutor:
-    """Runs a plan without a model. Each call moves ``clock`` by one second, then:
-
-    * calls listed in ``raise_at`` raise (``"error"``: ``RuntimeError``; ``"interrupt"``:
-      :class:`InjectedInterrupt`);
-    * every row that samples gets a token below ``vocab`` from a generator seeded with
-      ``(seed, call)``, in batch order, then every sibling forking off a leader that sampled
-      (``vocab=1``: always token 0, for runs whose tokens do not matter);
-    * rows named in ``fail_rows[call]`` fail (with their unforked siblings), as rows with
-      non-finite logits do; with ``token_for_failed_rows`` a failed row without siblings comes
-      with a token anyway (an executor that drew one before it noticed);
-    * with ``logprobs``, every sampled token gets ``Logprobs``, every request starting its
-      prompt a ``prompt_logprobs`` entry, so that one can check they reach the output.
-
-    ``log`` (if given) gets ``"execute"`` at every call, with the plan's
-    ``finished_req_ids`` when it has any. Calls are counted from 0 in ``calls``.
-    """
-
-    clock: StepClock = field(default_factory=StepClock)
-    seed: int = 0
-    fail_rows: Mapping[int, Sequence[str]] = field(default_factory=dict)
-    raise_at: Mapping[int, str] = field(default_factory=dict)
-    token_for_failed_rows: bool = False
-    log: list[str] | None = None
-    vocab: int = 4
-    logprobs: bool = True
-    calls: int = 0
-
-    def execute(self, out) -> ModelRunnerOutput:
-        call, self.calls = self.calls, self.calls + 1
-        self.clock.now += 1.0
-        if self.log is not None:  # what the plan told it: the requests that ended since the last plan
-            ended = sorted(out.finished_req_ids)
-            self.log.append(f"execute (told {ended} ended)" if ended else "execute")
-        kind = self.raise_at.get(call)
-        if kind == "interrupt":
-            raise InjectedInterrupt(f"interrupted in step {call}")
-        if kind is not None:
-            raise RuntimeError(f"the executor failed in step {call}")
-        rng = random.Random(self.seed * 100_003 + call) if self.vocab > 1 else None
-        result = ModelRunnerOutput()
-        failing = set(self.fail_rows.get(call, ()))
-        for req in out.sampling_requests:
-            kids = out.forks.get(req.request_id, ())
-            for rid in [req.request_id] + [kid.request_id for kid in kids]:
-                token = rng.randrange(self.vocab) if rng else 0
-                if req.request_id in failing:
-                    result.failed[rid] = f"row of {req.request_id} is not finite (step {call})"
-                    if kids or not self.token_for_failed_rows:
-                        continue
-                result.sampled[rid] = token
-                if self.logprobs:
-                    result.logprobs[rid] = Logprobs(token, -0.25 * (token + 1), token + 1, [(token, -0.25)])
-        if self.logprobs:
-            for req, computed in zip(out.requests, out.num_computed, strict=True):
-                if computed == 0:
-                    result.prompt_logprobs[req.request_id] = (0, [None])
-        return result
-
-
 # --- the run --------------------------------------------------------------------------------------
 class TraceRun:
     """Drive ``target`` (an ``LLM``, ``LLMEngine`` or ``EngineCore``) through ``trace``, one

@@ -2,7 +2,7 @@
 
 Exercises 04 and 07 write KV cache managers. To grade them step by step, this module runs
 minivllm's real :class:`~minivllm.core.engine_core.EngineCore` and scheduler over the student's
-manager without a model (:class:`~minivllm.course.harness.FakeExecutor` samples the tokens),
+manager without a model (:class:`~minivllm.sim.executor.ModelFreeExecutor` samples the tokens),
 once over the student's manager and once over minivllm's own
 :class:`~minivllm.core.kv_cache_manager.KVCacheManager`, and compares what the scheduler did at
 every step (:data:`DECISIONS`): who ran with how many tokens, how many of them came from the
@@ -33,7 +33,6 @@ from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
-    FakeExecutor,
     StepRecord,
     TraceRequest,
     TraceResult,
@@ -41,6 +40,7 @@ from minivllm.course.harness import (
     expect_same_steps,
     run_trace,
 )
+from minivllm.sim.executor import ModelFreeExecutor
 
 VOCAB = 50  # prompt tokens of random traces are drawn below this
 # what must agree at every step, in the order a difference is reported (no block ids)
@@ -71,7 +71,7 @@ class KVSetup:
         """minivllm's scheduler over ``kv``, in an engine core with a fake executor and
         ``debug_checks=True``."""
         sched_cls = StaticBatchScheduler if self.scheduler == "static" else Scheduler
-        executor = FakeExecutor(logprobs=False)
+        executor = ModelFreeExecutor(vocab=4)
         return EngineCore(sched_cls(self.scheduler_config(), kv), executor, clock=executor.clock, debug_checks=True)
 
 

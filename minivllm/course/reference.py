@@ -5,7 +5,7 @@ request stops on its length or a stop token. So a trace of prompt lengths, outpu
 arrival (and abort) steps is enough to replay exactly what the engine's scheduler would decide,
 step by step: minivllm's ``EngineCore`` runs the scheduler (minivllm's own
 :class:`~minivllm.core.scheduler.Scheduler`, or any object that meets the ``SchedulerInterface``
-protocol) over a KV pool and :class:`~minivllm.course.harness.FakeExecutor`.
+protocol) over a KV pool and :class:`~minivllm.sim.executor.ModelFreeExecutor`.
 
 * :class:`Replay` steps a scheduler factory through a trace, one step per ``next()``;
 * :func:`run_reference` replays minivllm's scheduler (continuous, or the static baseline);
@@ -31,7 +31,6 @@ from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
-    FakeExecutor,
     StepMismatch,
     StepRecord,
     TraceRequest,
@@ -41,6 +40,7 @@ from minivllm.course.harness import (
 )
 from minivllm.math_utils import cdiv
 from minivllm.metrics import EngineStats
+from minivllm.sim.executor import ModelFreeExecutor
 
 NO_LENGTH_CAP = 1 << 40
 SchedulerFactory = Callable[[SchedulerConfig, object], object]
@@ -210,7 +210,7 @@ class Replay(CheckedRun):
         mine = factory not in REFERENCE_SCHEDULERS.values()  # minivllm's own need no policing
         if mine:
             kv = ProtocolOnlyKV(kv)
-        executor = FakeExecutor(vocab=vocab, logprobs=False)
+        executor = ModelFreeExecutor(vocab=vocab)
         core = EngineCore(factory(self.config, kv), executor, clock=executor.clock, stats=EngineStats(window=None))
         cap = "" if max_model_len is None else f", max_model_len={max_model_len}"
         settings = (f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens}{cap}, "

@@ -35,47 +35,16 @@ from minivllm.config import (
     resolve_num_kv_blocks,
 )
 from minivllm.core.engine_core import EngineStalledError
-from minivllm.core.interfaces import ModelRunnerOutput
-from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.input_processor import InputProcessor
 from minivllm.metrics import EngineStats
 from minivllm.model.config import INT8_SCALE_BYTES
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
-from minivllm.sim.cost_model import CostModel, StepCost, scheduled_rows
+from minivllm.sim.cost_model import CostModel, StepCost
+from minivllm.sim.executor import ModelFreeExecutor
 from minivllm.sim.hardware import Hardware, get_hardware
 from minivllm.sim.model_spec import ModelSpec, preset
 from minivllm.sim.speculation import SimulatedDrafts
-
-
-class CostModelExecutor:
-    """The simulator's executor: prices a step with the roofline instead of running it.
-
-    Every request that samples gets ``placeholder_token``; the simulated ``clock`` advances by
-    the step's modelled time. ``step_costs`` keeps every step's :class:`StepCost`.
-    """
-
-    def __init__(self, cost_model: CostModel, placeholder_token: int = 0, drafts: SimulatedDrafts | None = None):
-        self.cost_model = cost_model
-        self.placeholder_token = placeholder_token
-        self.drafts = drafts  # speculative decoding, else None
-        self.clock = 0.0
-        self.step_costs: list[StepCost] = []
-
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        cost = self.cost_model.step_cost(scheduled_rows(out))
-        token = self.placeholder_token
-        sampled = {r.request_id: token for r, s in zip(out.requests, out.sample, strict=True) if s}
-        result = ModelRunnerOutput(sampled=sampled)
-        if self.drafts is not None:
-            result.accepted_draft_tokens, result.draft_token_ids, draft_time = self.drafts.step(out, sampled)
-            cost = dataclasses.replace(cost, draft_time=draft_time)
-        self.step_costs.append(cost)
-        self.clock += cost.time
-        for leader, kids in out.forks.items():
-            if leader in sampled:
-                sampled.update((k.request_id, token) for k in kids)
-        return result
 
 
 class Simulator:
@@ -147,8 +116,8 @@ class Simulator:
                           else dataclasses.replace(self.cost_model, model=self.draft_model))
             drafts = SimulatedDrafts(spec, acceptance_rate, draft_cost, self.max_model_len, args.seed,
                                      placeholder_token)
-        self.executor = CostModelExecutor(self.cost_model, placeholder_token, drafts)
-        self.core = build_engine_core(args, self.scheduler, self.executor, lambda: self.executor.clock)
+        self.executor = ModelFreeExecutor(self.cost_model, placeholder_token=placeholder_token, drafts=drafts)
+        self.core = build_engine_core(args, self.scheduler, self.executor, self.executor.clock)
         self.record_decisions = record_decisions
         self.decisions: list[list[tuple[str, int]]] = []  # one entry per step, if recorded
 
@@ -159,11 +128,11 @@ class Simulator:
     @property
     def clock(self) -> float:
         """The simulated time (seconds)."""
-        return self.executor.clock
+        return self.executor.now
 
     @clock.setter
     def clock(self, value: float) -> None:
-        self.executor.clock = value
+        self.executor.now = value
 
     @property
     def step_costs(self) -> list[StepCost]:
@@ -305,4 +274,4 @@ class Simulator:
         return s
 
 
-__all__ = ["Simulator", "CostModelExecutor", "EngineStalledError"]
+__all__ = ["Simulator", "ModelFreeExecutor", "EngineStalledError"]
