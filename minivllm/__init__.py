@@ -26,15 +26,17 @@ _LAZY = {
     "CompletionOutput": "minivllm.outputs",
     "TINY_MODEL_DIR": "minivllm.model.config",
     "TRITON_MODE": "minivllm.attention.triton_env",
+    "local_core": "minivllm.engine.core_client",
 }
 
 __all__ = [
     "LLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput",
-    "TINY_MODEL_DIR", "TINY_DRAFT_MODEL_DIR", "TRITON_MODE",
+    "TINY_MODEL_DIR", "TINY_DRAFT_MODEL_DIR", "TRITON_MODE", "local_core",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from minivllm.attention.triton_env import TRITON_MODE
+    from minivllm.engine.core_client import local_core
     from minivllm.engine.llm import LLM
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.model.config import TINY_MODEL_DIR
