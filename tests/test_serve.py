@@ -165,15 +165,28 @@ def test_streamed_completion_equals_the_full_one_and_reports_usage(client, refer
 
 
 def test_a_stream_delivers_tokens_as_they_are_generated(mode_server, reference):
-    """Against a core slower than any reader (50 ms a step), the reply comes in many pieces;
-    a fast core's deltas may merge when the reader falls behind, so this needs the slow core."""
-    from core_faults import SLOW
+    """The core holds the request after its first tokens until the test opens a gate: the client
+    has text by then, which it can only have had streamed (no timing involved, whatever the
+    machine's speed); the rest follows, and the pieces join to the whole answer."""
+    from core_faults import GATE_AFTER, GATED, gate_path
 
-    client = openai.OpenAI(base_url=mode_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    chunks = list(client.completions.create(model=MODEL, prompt=SLOW, max_tokens=12, temperature=0,
-                                            stream=True))
-    want = reference.generate([SLOW], greedy(12), use_tqdm=False)[0].outputs[0].text
-    assert len(chunks) >= 4, f"tokens must arrive as they are generated, not in {len(chunks)} piece(s)"
+    k = 100 + os.getpid() % 800  # a gate of this test process's own
+    gate = gate_path(k)
+    gate.unlink(missing_ok=True)
+    client = openai.OpenAI(base_url=mode_server.url + "/v1", api_key="unused", max_retries=0, timeout=90)
+    want = reference.generate([GATED + [k]], greedy(12), use_tqdm=False)[0].outputs[0].text
+    try:
+        stream = iter(client.completions.create(model=MODEL, prompt=GATED + [k], max_tokens=12,
+                                                temperature=0, stream=True))
+        first = next(stream)  # the core is holding the request: at most GATE_AFTER + 1 tokens exist
+        text = first.choices[0].text
+        assert text and want.startswith(text) and len(text) < len(want), (
+            f"the first piece must come while the core holds the request after {GATE_AFTER} tokens, "
+            f"not with the whole answer: {text!r}")
+        gate.touch()
+        chunks = [first, *stream]
+    finally:
+        gate.unlink(missing_ok=True)
     assert "".join(c.choices[0].text for c in chunks) == want
 
 

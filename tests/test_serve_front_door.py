@@ -153,8 +153,9 @@ def test_big_bodies_are_refused_while_a_stream_keeps_flowing(server):
     chunks: list[dict] = []
     started = threading.Event()
 
+    body = {"prompt": PROMPTS[0], "max_tokens": 600, "temperature": 0, "ignore_eos": True}
+
     def stream():
-        body = {"prompt": PROMPTS[0], "max_tokens": 600, "temperature": 0, "ignore_eos": True}
         with httpx.stream("POST", f"{server.url}/v1/completions", timeout=120,
                           json={"model": MODEL, "stream": True, **body}) as resp:
             for line in resp.iter_lines():
@@ -174,15 +175,19 @@ def test_big_bodies_are_refused_while_a_stream_keeps_flowing(server):
     reader.join(120)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert times[-1] > refused_at, "the stream should still run while the big requests are refused"
-    assert max(gaps) < 2.0, f"the stream stalled for {max(gaps):.1f} s"
+    # a liveness bound, not a speed test: the event loop never stops serving the stream for long
+    # (how smoothly it streams on a busy machine is benchmarks/serving.py's to measure)
+    assert max(gaps) < 30.0, f"the stream stalled for {max(gaps):.1f} s"
     assert big_prompt.status_code == 413 and error_of(big_prompt)["code"] == "request_too_large"
     assert many.status_code == 400 and error_of(many)["param"] == "messages"
     assert long_text.status_code == 400 and error_of(long_text)["param"] == "prompt"
     assert "characters" in error_of(long_text)["message"]
     for resp in (big_prompt, many, long_text):
         assert len(resp.content) < 1000, resp.content[:200]
-    # deltas a busy reader missed arrive merged (by design), so a bound well below 600 pieces
-    assert sum(len(c["choices"][0]["text"]) > 0 for c in chunks) > 20
+    # deltas a busy reader missed arrive merged (by design): however many pieces, the whole text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    whole = post(server, "completions", body).json()["choices"][0]["text"]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole
     wait_idle(server)
 
 
