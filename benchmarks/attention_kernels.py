@@ -57,7 +57,7 @@ PEAK_BANDWIDTH: list[tuple[tuple[str, ...], tuple[str, ...], float]] = [
 SKIP_MESSAGE = (
     "SKIPPED: benchmarks/attention_kernels.py measures GPU memory bandwidth and needs a CUDA "
     "device (torch.cuda.is_available() is False). On CPU the kernels run in the Triton "
-    "interpreter, which is correct but far too slow to time; run `pytest tests/kernels` instead."
+    "interpreter, which is correct but far too slow to time; run `pytest tests/attention` instead."
 )
 
 

@@ -13,7 +13,7 @@ the largest seed, 64 stop strings) and count as good: their tokens are compared 
 
     python benchmarks/soak.py [--requests 1000] [--seed 0] [--policy fcfs|priority|both]
 
-The suite runs a small version (``tests/test_soak.py``).
+The suite runs a small version (``tests/benchmarks/test_soak.py``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 # with the reason, not run to fail. Exit status: 0 if every step passed, 1 otherwise.
 #
 #   env          the GPU, its compute capability, torch / triton / CUDA versions, what is installed
-#   kernels      tests/kernels compiled on the GPU against float64 PyTorch references: float16
+#   kernels      the kernels of tests/attention compiled on the GPU against float64 PyTorch references: float16
 #                and bfloat16 (float16 alone below sm_80), decode, split-KV, prefill, the backends,
 #                and the 8-bit KV cache's kernels (test_kv_int8_kernels.py: quantising writer,
 #                int8 decode / split-KV / prefill)
@@ -20,7 +20,7 @@
 #   engine       the engine against transformers on the GPU (float32: identical greedy tokens; the
 #                GPU's own 16-bit format: next-token distributions), greedy parity of the torch and
 #                triton backends, a NaN-filled KV pool changing no token; the 8-bit KV cache
-#                (kv_cache_dtype="int8", tests/test_kv_int8.py) end to end on the GPU
+#                (kv_cache_dtype="int8", tests/attention/test_kv_int8.py) end to end on the GPU
 #   attn_bench   benchmarks/attention_kernels.py: achieved HBM bandwidth of paged decode (fraction
 #                of peak), the cost of paging (same kernel, contiguous blocks); stored as
 #                $OUT/results/attention_kernels-<gpu>.json (copy it into benchmarks/results/)
@@ -98,7 +98,7 @@ while IFS=$'\t' read -r name state detail; do
     DETAIL[$name]=$detail
 done < <(probe)
 CAPABILITY="${DETAIL[capability]:-}"
-# float16 alone on a GPU without bfloat16 arithmetic (tests/kernels skips bfloat16 cases itself)
+# float16 alone on a GPU without bfloat16 arithmetic (tests/attention skips bfloat16 cases itself)
 EX06_FILTER=""
 if [[ -n "$CAPABILITY" && "$CAPABILITY" -lt 80 ]]; then EX06_FILTER="-k 'not bf16'"; fi
 
@@ -114,9 +114,9 @@ LIMIT[attn_bench]=60;  NEEDS[attn_bench]="gpu triton minivllm"
 LIMIT[throughput]=45;  NEEDS[throughput]="gpu transformers minivllm"
 LIMIT[notebooks]=110;  NEEDS[notebooks]="gpu triton pytest nbval ipykernel matplotlib ipywidgets transformers minivllm"
 CMD[env]="$PY -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p, torch.__version__, torch.version.cuda, triton.__version__)'"
-CMD[kernels]="${PYTEST[*]} tests/kernels --ignore=tests/kernels/test_gpu_compile.py"
+CMD[kernels]="${PYTEST[*]} tests/attention --ignore=tests/attention/test_gpu_compile.py --ignore=tests/attention/test_attention_backends.py --ignore=tests/attention/test_kv_int8.py --ignore=tests/attention/test_engine_triton.py"
 CMD[ex06]="${PYTEST[*]} -m ex06 tests/exercises${EX06_FILTER:+ $EX06_FILTER}"  # its notebook cases (test_cases.py) and its module
-CMD[engine]="${PYTEST[*]} -s tests/test_gpu_device.py tests/test_attention_backends.py tests/test_kv_int8.py"
+CMD[engine]="${PYTEST[*]} -s tests/engine/test_gpu_device.py tests/attention/test_attention_backends.py tests/attention/test_kv_int8.py tests/attention/test_engine_triton.py"
 CMD[attn_bench]="$PY benchmarks/attention_kernels.py --out $OUT/attention_kernels.json --store $OUT/results"
 CMD[throughput]="$PY benchmarks/throughput.py"
 CMD[notebooks]="${PYTEST[*]} --nbval-lax --nbval-current-env notebooks"

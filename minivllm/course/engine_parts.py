@@ -14,7 +14,7 @@ earlier notebook. A cell shows a part when
 - its text (a markdown cell, or the stored output of a code cell) holds two consecutive
   significant lines of the part's source, compared without whitespace.
 
-``tests/test_build_first.py`` runs it over every notebook. An exercise that comes to write
+``tests/course/test_build_first.py`` runs it over every notebook. An exercise that comes to write
 another part of the engine adds the part here.
 """
 

@@ -2,7 +2,7 @@
 
 ``scripts/sync_setup_cell.py`` stamps :data:`SETUP_CELL` into every ``notebooks/NN_*.ipynb``
 (as its first code cell) and points each notebook's badge at :data:`REPO_URL`;
-``tests/test_setup_cell.py`` fails when a notebook carries anything else. Change the cell here,
+``tests/course/test_setup_cell.py`` fails when a notebook carries anything else. Change the cell here,
 then run the script.
 
 What the cell does: on Colab it clones the repository and installs the package with its

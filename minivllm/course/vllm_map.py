@@ -1,6 +1,6 @@
 """Where each notebook's ideas live in vLLM: one table per notebook, with names that can be checked.
 
-A notebook's "Where this lives in vLLM" section shows ``show("nbNN")``; ``tests/test_vllm_map.py``
+A notebook's "Where this lives in vLLM" section shows ``show("nbNN")``; ``tests/course/test_vllm_map.py``
 reads the same rows and checks, against an installed vLLM, that every file a row names exists
 and that every name it cites is defined there (or, for a flag or a default, that its text is
 there). When vLLM renames a file or moves a function, that test says which row went stale.

@@ -25,7 +25,7 @@ from minivllm.attention.testing import DEFAULT_DEVICE as DEVICE
 from minivllm.attention.testing import assert_matches_reference, decode_problem
 
 NAME = "ex06_triton_kernel"
-KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "attention"
 sys.path.insert(0, str(KERNELS_DIR))  # gpu_compile_check, also when run as a script
 
 

@@ -15,7 +15,7 @@ Each notebook's answers are a module here, ``nbNN.py``, of functions registered 
         return f"**{n}**: ..."
 
 A function may take keyword arguments: ``course.answer("nb02.plan", plan=out)`` passes values
-the notebook computed. ``tests/test_answers.py`` runs every answer and checks that each one is
+the notebook computed. ``tests/course/test_answers.py`` runs every answer and checks that each one is
 asked for by its notebook, and each ``course.answer`` cell names an answer that exists.
 """
 

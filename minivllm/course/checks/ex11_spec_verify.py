@@ -12,7 +12,7 @@ What is graded is what the contract promises, not one way of getting there:
   (``sum_x min(p_i(x), q_i(x))`` for a draft model, ``p_i(d)`` for a guess). Each is a chi-square
   test against the exact distribution, with fixed seeds and a threshold at a p-value of ``1e-6``:
   a correct verifier, whichever way it uses its random numbers, fails one of these tests about
-  once in a hundred thousand seeds, and every plausible slip in ``tests/test_course.py`` fails by
+  once in a hundred thousand seeds, and every plausible slip in ``tests/course/test_course.py`` fails by
   orders of magnitude;
 * exact properties, on inputs where exactness and optimality leave one answer whatever the
   random numbers, on single-request steps and on mixed ones (requests with different ``k``,

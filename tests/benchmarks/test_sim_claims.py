@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "chapter_claims.py"
 
 # (section, a phrase of the claim's paraphrase): one per claim the issue asks for, and more

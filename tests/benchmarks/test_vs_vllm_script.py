@@ -24,7 +24,7 @@ import pytest
 
 import minivllm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "vs_vllm.py"
 DRIVER = ROOT / "benchmarks" / "vllm_driver.py"
 

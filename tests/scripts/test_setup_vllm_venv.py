@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "setup_vllm_venv.sh"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),

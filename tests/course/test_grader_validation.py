@@ -8,7 +8,7 @@ The three legs, for every exercise:
 2. ``test_untouched_stubs_score_zero``: stubs generated now from ``solutions/`` fail every case
    with the stub's ``NotImplementedError`` (a stub that passes a case still holds an answer, or
    the case checks nothing);
-3. the mutants: ``MUTANTS`` in ``tests/test_course.py`` (a solution with one plausible slip
+3. the mutants: ``MUTANTS`` in ``tests/course/test_course.py`` (a solution with one plausible slip
    each), run by ``test_checks_catch_a_wrong_answer`` there; here, that every exercise has some.
 
 An exercise that is added or redesigned extends the checks (``minivllm/course/checks/``) and
@@ -50,7 +50,7 @@ def test_untouched_stubs_score_zero(name, tmp_path):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_exercise_has_wrong_answers_to_catch(name):
     mine = [m for m in MUTANTS if m[0] == name]
-    assert mine, f"add plausible wrong answers of {name} to MUTANTS in tests/test_course.py"
+    assert mine, f"add plausible wrong answers of {name} to MUTANTS in tests/course/test_course.py"
     solution = (ROOT / "solutions" / f"{name}.py").read_text()
     stale = [old for _, old, _ in mine if old not in solution]
     assert not stale, f"mutants of {name} whose text is no longer in the solution: {stale}"

@@ -37,7 +37,7 @@ def test_dry_run_prints_the_plan_within_budget(tmp_path):
     assert list(limits) == STEPS, printed
     assert all(s > 0 for s in limits.values()) and sum(limits.values()) <= 8 * 60
     assert printed.count("would run: ") == len(STEPS)
-    assert "tests/kernels" in printed and "--nbval-lax --nbval-current-env notebooks" in printed
+    assert "tests/attention" in printed and "--nbval-lax --nbval-current-env notebooks" in printed
     assert "benchmarks/attention_kernels.py" in printed and "benchmarks/throughput.py" in printed
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "dry run: nothing ran" in summary
@@ -96,7 +96,8 @@ def test_a_broken_record_is_refused_by_name(tmp_path):
 
 
 def test_bfloat16_cases_are_skipped_below_sm80(monkeypatch):
-    spec = importlib.util.spec_from_file_location("kernels_conftest", Path(__file__).with_name("conftest.py"))
+    spec = importlib.util.spec_from_file_location(
+        "kernels_conftest", Path(__file__).resolve().parents[1] / "attention" / "conftest.py")
     kernels_conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kernels_conftest)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -6,7 +6,7 @@ cubin (``ptxas`` ships with the wheel) for any ``GPUTarget`` without a device, w
 script does. It must run in a process where ``TRITON_INTERPRET=0``, so that ``@triton.jit``
 builds compilable kernels; ``test_gpu_compile.py`` starts it that way and reads its JSON.
 
-    TRITON_INTERPRET=0 python tests/kernels/gpu_compile_check.py   # prints one JSON object per case
+    TRITON_INTERPRET=0 python tests/attention/gpu_compile_check.py   # prints one JSON object per case
 """
 
 from __future__ import annotations

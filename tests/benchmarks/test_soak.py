@@ -11,7 +11,7 @@ import pytest
 
 
 def load_soak():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
     spec = importlib.util.spec_from_file_location("soak_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -179,7 +179,7 @@ OWNER = textwrap.dedent("""
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_the_core_process_ends_with_its_owner(how):
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     done = subprocess.run([sys.executable, "-c", OWNER.format(root=root), how], capture_output=True, text=True,
                           timeout=120)
     core = int(done.stdout.split()[0])

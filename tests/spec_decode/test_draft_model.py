@@ -18,7 +18,7 @@ from support import hf_greedy
 
 import minivllm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DRAFT = Path(minivllm.TINY_DRAFT_MODEL_DIR)
 TARGET = Path(minivllm.TINY_MODEL_DIR)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -1,6 +1,6 @@
 """Answers to the questions the notebooks ask before their exercises: every one runs and says
 something, folded in a notebook, and a wrong key is named (notebooks ask for existing keys:
-tests/test_notebook_cells.py)."""
+tests/course/test_notebook_cells.py)."""
 
 from __future__ import annotations
 

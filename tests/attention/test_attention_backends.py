@@ -115,7 +115,7 @@ def test_a_poisoned_pool_changes_no_token(backend, setup):
         assert max(s.batch_tokens for s in stats.steps) <= 32, "prompts should be chunked"
     else:
         assert stats.summary()["padding_tokens"] > 0
-    # NaN alone under the (slow) Triton interpreter here: tests/kernels fill the kernels' unowned
+    # NaN alone under the (slow) Triton interpreter here: tests/attention fill the kernels' unowned
     # slots with NaN, inf and -inf directly
     fills = (float("nan"),) if backend == "triton" else (float("nan"), float("inf"))
     for fill in fills:

@@ -1,5 +1,5 @@
 """The course machinery: exercise generation, loading, grading, the CLI, and the mutation suite
-(plausible wrong answers, each of which must fail its exercise; tests/test_grader_validation.py
+(plausible wrong answers, each of which must fail its exercise; tests/course/test_grader_validation.py
 holds the other two legs of the grader's validation: the reference passes, the stubs score zero)."""
 
 from __future__ import annotations
@@ -779,7 +779,7 @@ def test_check_passes_quietly_on_the_reference(capsys):
 
 
 def test_cli_grade_and_make_exercises(capsys):
-    """(The reference's full marks on every exercise: tests/test_grader_validation.py.)"""
+    """(The reference's full marks on every exercise: tests/course/test_grader_validation.py.)"""
     assert cli_main(["grade", "--solutions", "-q", "ex00", "1"]) == 0
     out = capsys.readouterr().out
     assert "✓ ex00_kv_memory" in out and "2/2 exercises complete" in out

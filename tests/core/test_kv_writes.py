@@ -5,7 +5,7 @@ A fake executor samples random tokens; :class:`~minivllm.core.kv_write_tracker.K
 what earlier steps, and this step, wrote. Random traces cover FCFS and priority, chunked prefill,
 prefix caching with shared prompts, copy-on-write forks (n > 1), static batching, pools small
 enough to preempt, and random aborts. Beam search runs the same check on the real engine in
-``tests/test_beam_search.py`` (``debug_checks=True``).
+``tests/engine/test_beam_search.py`` (``debug_checks=True``).
 """
 
 from __future__ import annotations

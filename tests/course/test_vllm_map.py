@@ -19,7 +19,7 @@ from minivllm.course import vllm_map
 from minivllm.course.vllm_map import TABLES, Ref
 
 VENV_PYTHON = Path(os.environ.get("MINIVLLM_VLLM_PYTHON", "/root/.cache/minivllm/vllm-venv/bin/python"))
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def _installed_vllm() -> tuple[Path, str] | None:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_benchmark():

@@ -25,7 +25,7 @@ import pytest
 
 from minivllm.course import answers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 IDS = [p.name.split("_")[0] for p in NOTEBOOKS]
 
