@@ -108,7 +108,9 @@ def serve(backend: str, setup: str, fill: float | None, max_tokens: int):
 @pytest.mark.parametrize("backend", ["torch", "torch_padded", "triton"])
 def test_a_poisoned_pool_changes_no_token(backend, setup):
     max_tokens = 5 if backend == "triton" else 10  # the Triton interpreter is slow on a CPU
-    clean, stats = serve(backend, setup, None, max_tokens)
+    # Triton's clean tokens are the ragged backend's (tests/attention/test_engine_triton.py: the
+    # two give the same greedy tokens), so the slow interpreter runs only the poisoned pool
+    clean, stats = serve("torch" if backend == "triton" else backend, setup, None, max_tokens)
     if setup == "chunked_prefix":
         assert stats.prefix_hit_rate > 0, "later prompts should reuse the shared prefix"
         assert any(s.num_prefill_tokens and s.num_decode_tokens for s in stats.steps), "no mixed step"

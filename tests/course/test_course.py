@@ -4,6 +4,8 @@ holds the other two legs of the grader's validation: the reference passes, the s
 
 from __future__ import annotations
 
+import ast
+import itertools
 import re
 import sys
 import textwrap
@@ -702,6 +704,19 @@ MUTANTS = [
 ]
 
 
+def enclosing_names(source: str, index: int) -> set[str]:
+    """The functions and classes of ``source`` whose body holds the character at ``index``."""
+    starts = [0, *itertools.accumulate(len(line) for line in source.splitlines(keepends=True))]
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = starts[node.lineno - 1] + node.col_offset
+            last = starts[node.end_lineno - 1] + node.end_col_offset
+            if first <= index < last:
+                names.add(node.name)
+    return names
+
+
 @pytest.mark.parametrize("name, old, new", MUTANTS, ids=[f"{m[0]}:{m[2][:30]}" for m in MUTANTS])
 def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
     text = (ROOT / "solutions" / f"{name}.py").read_text()
@@ -709,10 +724,11 @@ def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
     path = tmp_path / f"{name}.py"
     path.write_text(text.replace(old, new, 1))
     module = load_path(path, name, "mutant")
-    # stop at the first case that notices: the slow cases (engine runs, simulations) come last
-    assert any(not run_case(c, module).passed for c in course.cases_for(name)), (
-        f"no case notices {old!r} -> {new!r}"
-    )
+    # stop at the first case that notices: the cases of the function the mutant changed first
+    # (the others would pass it by), then the rest in the checks' order -- any case may notice
+    where = enclosing_names(text, text.index(old))
+    cases = sorted(course.cases_for(name), key=lambda c: not where & set(c.func.split(".")))
+    assert any(not run_case(c, module).passed for c in cases), f"no case notices {old!r} -> {new!r}"
 
 
 def _student_checkout(tmp_path, monkeypatch, solved: list[str]):
