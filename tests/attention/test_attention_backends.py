@@ -82,15 +82,20 @@ POISON_SETUPS = {
 }
 
 
-def poison_prompts() -> list[list[int]]:
-    """Four prompts of mixed lengths; three share a 35-token prefix (two full blocks)."""
+def poison_prompts(tails: tuple[int, ...] = (1, 19, 52)) -> list[list[int]]:
+    """Four prompts of mixed lengths; three share a 35-token prefix (two full blocks), with tails
+    of ``tails`` tokens (a partial block, a third block, blocks past the shared ones)."""
     rng = random.Random(11)
     shared = [1] + [rng.randrange(3, 1900) for _ in range(34)]
-    tails = [[rng.randrange(3, 1900) for _ in range(n)] for n in (1, 19, 52)]
-    return [shared + tails[0], [1] + [rng.randrange(3, 1900) for _ in range(6)], shared + tails[1], shared + tails[2]]
+    parts = [[rng.randrange(3, 1900) for _ in range(n)] for n in tails]
+    return [shared + parts[0], [1] + [rng.randrange(3, 1900) for _ in range(6)], shared + parts[1], shared + parts[2]]
 
 
-def serve(backend: str, setup: str, fill: float | None, max_tokens: int):
+# the Triton interpreter is slow on a CPU: shorter tails, the same shapes of sharing and padding
+TRITON_TAILS = (1, 14, 30)
+
+
+def serve(backend: str, setup: str, fill: float | None, max_tokens: int, tails: tuple[int, ...] = (1, 19, 52)):
     """Greedy tokens of the four prompts, and the engine's stats, with every slot of every
     layer's K/V cache set to ``fill`` before the run (``None``: the zeroed pool as allocated)."""
     llm = LLM(attention_backend=backend, dtype="float32", **POISON_SETUPS[setup])
@@ -99,7 +104,7 @@ def serve(backend: str, setup: str, fill: float | None, max_tokens: int):
             k_cache.fill_(fill)
             v_cache.fill_(fill)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    outs = llm.generate(poison_prompts(), params, use_tqdm=False)
+    outs = llm.generate(poison_prompts(tails), params, use_tqdm=False)
     assert all(o.outputs[0].finish_reason == "length" for o in outs), [o.outputs[0].error for o in outs]
     return [o.outputs[0].token_ids for o in outs], llm.stats()
 
@@ -107,10 +112,11 @@ def serve(backend: str, setup: str, fill: float | None, max_tokens: int):
 @pytest.mark.parametrize("setup", list(POISON_SETUPS))
 @pytest.mark.parametrize("backend", ["torch", "torch_padded", "triton"])
 def test_a_poisoned_pool_changes_no_token(backend, setup):
-    max_tokens = 5 if backend == "triton" else 10  # the Triton interpreter is slow on a CPU
+    triton = backend == "triton"
+    max_tokens, tails = (5, TRITON_TAILS) if triton else (10, (1, 19, 52))
     # Triton's clean tokens are the ragged backend's (tests/attention/test_engine_triton.py: the
     # two give the same greedy tokens), so the slow interpreter runs only the poisoned pool
-    clean, stats = serve("torch" if backend == "triton" else backend, setup, None, max_tokens)
+    clean, stats = serve("torch" if triton else backend, setup, None, max_tokens, tails)
     if setup == "chunked_prefix":
         assert stats.prefix_hit_rate > 0, "later prompts should reuse the shared prefix"
         assert any(s.num_prefill_tokens and s.num_decode_tokens for s in stats.steps), "no mixed step"
@@ -121,7 +127,7 @@ def test_a_poisoned_pool_changes_no_token(backend, setup):
     # slots with NaN, inf and -inf directly
     fills = (float("nan"),) if backend == "triton" else (float("nan"), float("inf"))
     for fill in fills:
-        poisoned, _ = serve(backend, setup, fill, max_tokens)
+        poisoned, _ = serve(backend, setup, fill, max_tokens, tails)
         differ = [i for i, (a, b) in enumerate(zip(clean, poisoned, strict=True)) if a != b]
         assert not differ, f"{backend}: prompts {differ} change when the pool starts as {fill}"
 

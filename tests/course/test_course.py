@@ -704,17 +704,18 @@ MUTANTS = [
 ]
 
 
-def enclosing_names(source: str, index: int) -> set[str]:
-    """The functions and classes of ``source`` whose body holds the character at ``index``."""
+def enclosing_names(source: str, index: int) -> list[str]:
+    """The functions and classes of ``source`` whose body holds the character at ``index``,
+    innermost first."""
     starts = [0, *itertools.accumulate(len(line) for line in source.splitlines(keepends=True))]
-    names = set()
+    spans = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             first = starts[node.lineno - 1] + node.col_offset
             last = starts[node.end_lineno - 1] + node.end_col_offset
             if first <= index < last:
-                names.add(node.name)
-    return names
+                spans.append((last - first, node.name))
+    return [name for _, name in sorted(spans)]
 
 
 @pytest.mark.parametrize("name, old, new", MUTANTS, ids=[f"{m[0]}:{m[2][:30]}" for m in MUTANTS])
@@ -725,9 +726,15 @@ def test_checks_catch_a_wrong_answer(name, old, new, tmp_path):
     path.write_text(text.replace(old, new, 1))
     module = load_path(path, name, "mutant")
     # stop at the first case that notices: the cases of the function the mutant changed first
-    # (the others would pass it by), then the rest in the checks' order -- any case may notice
+    # (the others would pass it by), those of its class next, then the rest in the checks'
+    # order -- any case may notice
     where = enclosing_names(text, text.index(old))
-    cases = sorted(course.cases_for(name), key=lambda c: not where & set(c.func.split(".")))
+
+    def nearness(case) -> int:
+        graded = case.func.split(".")
+        return next((depth for depth, enclosing in enumerate(where) if enclosing == graded[-1]), len(where))
+
+    cases = sorted(course.cases_for(name), key=nearness)
     assert any(not run_case(c, module).passed for c in cases), f"no case notices {old!r} -> {new!r}"
 
 
