@@ -98,17 +98,15 @@ class ModelFreeExecutor:
         if kind is not None:
             raise RuntimeError(f"the executor failed in step {call}")
         result = ModelRunnerOutput()
-        rng = random.Random(self.seed * 100_003 + call) if self.vocab > 1 else None
-        failing = set(self.faults.fail_rows.get(call, ()))
-        for req in out.sampling_requests:
-            kids = out.forks.get(req.request_id, ())
-            for rid in [req.request_id] + [kid.request_id for kid in kids]:
-                token = rng.randrange(self.vocab) if rng is not None else self.placeholder_token
-                if req.request_id in failing:
-                    result.failed[rid] = f"row of {req.request_id} is not finite (step {call})"
-                    if kids or not self.faults.token_for_failed_rows:
-                        continue
-                result.sampled[rid] = token
+        failing = self.faults.fail_rows.get(call)
+        if self.vocab > 1 or failing:
+            self._draw(out, call, result, set(failing or ()))
+        else:  # the simulator's case, once per simulated step: the placeholder for every row
+            token, forks = self.placeholder_token, out.forks
+            sampled = result.sampled = {r.request_id: token for r, s in zip(out.requests, out.sample) if s}
+            for leader, kids in forks.items() if forks else ():
+                if leader in sampled:
+                    sampled.update((kid.request_id, token) for kid in kids)
         if self.cost_model is not None:
             cost = self.cost_model.step_cost(scheduled_rows(out))
             if self.drafts is not None:  # drafts for the plan's requests (a fork's come later)
@@ -119,6 +117,20 @@ class ModelFreeExecutor:
         if self.logprobs:
             self._add_logprobs(out, result)
         return result
+
+    def _draw(self, out: SchedulerOutput, call: int, result: ModelRunnerOutput, failing: set[str]) -> None:
+        """Tokens from the seeded generator (or the placeholder), in batch order with each
+        leader's forking siblings after it; the rows named in ``failing`` fail."""
+        rng = random.Random(self.seed * 100_003 + call) if self.vocab > 1 else None
+        for req in out.sampling_requests:
+            kids = out.forks.get(req.request_id, ())
+            for rid in [req.request_id] + [kid.request_id for kid in kids]:
+                token = rng.randrange(self.vocab) if rng is not None else self.placeholder_token
+                if req.request_id in failing:
+                    result.failed[rid] = f"row of {req.request_id} is not finite (step {call})"
+                    if kids or not self.faults.token_for_failed_rows:
+                        continue
+                result.sampled[rid] = token
 
     @staticmethod
     def _add_logprobs(out: SchedulerOutput, result: ModelRunnerOutput) -> None:

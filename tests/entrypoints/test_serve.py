@@ -611,7 +611,6 @@ def test_the_core_process_dies_with_a_killed_server():
         wait_until(lambda: gone(core), timeout=30, what="the orphaned core to exit")
 
 
-@pytest.mark.slow
 @needs_proc
 def test_sigterm_stops_accepting_ends_streams_and_exits_0():
     with serve_process("--shutdown-timeout", "2") as (proc, url):
@@ -636,7 +635,6 @@ def test_sigterm_stops_accepting_ends_streams_and_exits_0():
     assert re.search(r"\w", text)
 
 
-@pytest.mark.slow
 def test_a_second_signal_aborts_at_once_ends_streams_with_done_and_exits_non_zero():
     """SIGTERM starts a 120 s drain; Ctrl-C during it means "now": the stream still ends with
     an abort chunk and [DONE] (uvicorn's own second Ctrl-C cut it mid-stream, and the process
