@@ -36,13 +36,16 @@ TARGET_STREAM = 0  # the target model's draws: its samples, a verification's num
 DRAFT_STREAM = 0x5DEECE66D  # a draft model's draws, independent of the target's
 
 
-def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int | None = None) -> torch.Tensor:
     """Keep each row's ``top_k`` largest logits (``0`` keeps all). ``logits [N, V]``,
-    ``top_k [N]`` on the same device."""
+    ``top_k [N]`` on the same device. Only the ``max_k`` largest logits of each row are sorted
+    (``topk``; ``max_k``: the rows' largest ``k``, a row that keeps all counting as the
+    vocabulary, read from ``top_k`` when not given), not the whole vocabulary: the k-th largest
+    value is the same."""
     vocab = logits.shape[-1]
     k = torch.where(top_k <= 0, vocab, top_k.clamp(max=vocab)).long()
-    sorted_desc = logits.sort(dim=-1, descending=True).values
-    kth = sorted_desc.gather(1, (k - 1)[:, None])
+    width = int(k.max()) if max_k is None else max_k
+    kth = logits.topk(width, dim=-1).values.gather(1, (k - 1)[:, None])
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
@@ -108,7 +111,9 @@ class Sampler:
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype, device=dev)
         logits = logits / temps[:, None]
         if any(p.top_k > 0 for p in params):
-            logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev))
+            vocab = logits.shape[-1]
+            widest = max(min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params)
+            logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev), widest)
         if any(p.top_p < 1.0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=dev)
             logits = apply_top_p(logits, top_p)

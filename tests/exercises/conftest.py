@@ -27,9 +27,24 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Called with every item of the session (notebook cells too): mark this folder's."""
+    """Called with every item of the session (notebook cells too): mark this folder's. When the
+    reference solutions are graded and an exercise's notebook runs in the same session, that
+    notebook's check cell runs every case of ``test_cases.py`` for it (``course.check`` raises on
+    the first wrong one, and nbval fails): those are not run twice."""
+    notebooks = {Path(item.fspath).resolve() for item in items if str(item.fspath).endswith(".ipynb")}
+    checked_by_notebook = {}
+    if notebooks and course.loader.use_solutions():
+        root = course.course_root()
+        for name in course.exercise_names():
+            notebook = getattr(course.load(name, solutions=True), "NOTEBOOK", None)
+            if notebook and (root / notebook).resolve() in notebooks:
+                checked_by_notebook[name] = notebook
     for item in items:
         if Path(item.fspath).resolve().parent == HERE:
             name = getattr(getattr(item, "module", None), "NAME", None)
             if name is not None:
                 item.add_marker(marker(name))
+            case_of = getattr(getattr(item, "callspec", None), "params", {}).get("name")
+            if item.originalname == "test_case" and case_of in checked_by_notebook:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"graded by {checked_by_notebook[case_of]}'s check cell in this run"))
