@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from minivllm.withheld import check_available
+
 MAX_BLOCKS = 1 << 24  # 16.7M blocks: 268M tokens at block_size 16, more than any GPU holds
 
 
@@ -114,6 +116,7 @@ class FreeBlockQueue:
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True):
+        check_available("kv_cache", "BlockPool.__init__", owner=self)
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if num_blocks > MAX_BLOCKS:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from minivllm.request import Request
+from minivllm.withheld import check_available
 
 
 @runtime_checkable
@@ -38,6 +39,9 @@ class FCFSPolicy:
 
     name = "fcfs"
 
+    def __init__(self) -> None:
+        check_available("scheduling_policy", f"{type(self).__name__}()", owner=self)
+
     def waiting_key(self, request: Request) -> tuple:
         return (request.arrival_time,)
 
@@ -52,6 +56,9 @@ class PriorityPolicy:
     """Lower ``priority`` value first (as in vLLM), ties broken by arrival time."""
 
     name = "priority"
+
+    def __init__(self) -> None:
+        check_available("scheduling_policy", f"{type(self).__name__}()", owner=self)
 
     def waiting_key(self, request: Request) -> tuple:
         return (request.priority, request.arrival_time)

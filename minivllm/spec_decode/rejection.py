@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.withheld import check_available
+
 
 def verify(
     target_probs: torch.Tensor,  # [R, V]: every request's k_r + 1 rows, request after request
@@ -41,6 +43,7 @@ def verify(
 ) -> list[list[int]]:
     """The tokens each request emits this step: its accepted drafts, then one more token (the
     residual draw at the first rejection, or the bonus token). ``1 <= len <= k_r + 1``."""
+    check_available("verifier", "rejection.verify")
     device = target_probs.device
     num_rows = target_probs.shape[0]
     starts, flat = [], []
