@@ -11,7 +11,9 @@ this Python's kernel. Fails if a notebook raises or takes longer than ``--budget
 
 What is stored is what a student should see on opening a notebook, before running anything:
 
-- no answer: a ``course.answer(...)`` cell keeps no output (it shows the answer when run);
+- no answer: a ``course.answer(...)`` cell keeps no output (it shows the answer when run), and
+  neither does a ``course.show_code(...)`` cell (your code, or a reference answer's, printed
+  beside minivllm's: recorded with the reference standing in, it would be the answer);
 - a cell tagged ``reveal`` (what a "predict, then run" question leads to) opens folded;
 - no widget state, and in place of a widget's output a line saying it needs a live kernel
   (a stored widget view shows as a bare ``VBox(...)`` until its cell runs);
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_PLACEHOLDER = "(interactive controls: run the cell to show them; they need a live kernel)"
-ANSWER_CALL = re.compile(r"\bcourse\.answer\(")
+ANSWER_CALL = re.compile(r"\bcourse\.(answer|show_code)\(")
 
 
 def run(path: Path, write: bool, timeout: int) -> float:

@@ -18,7 +18,8 @@ module if it passed its checks, else the reference solution with a notice, and
 
 Help, on request: ``course.hint("ex04")`` gives the next hint of exercise 04 (the scoreboard
 counts them), and ``course.answer("nb04.blocks")`` the answer to a question a notebook asks
-before its exercise, folded until opened.
+before its exercise, folded until opened. ``course.show_code(ex.X)`` prints your code (or a
+reference answer) where a notebook compares it with minivllm's; its output is never stored.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from minivllm.course.loader import (
 )
 
 __all__ = [
+    "show_code",
     "load",
     "load_benchmark",
     "check",
@@ -206,3 +208,12 @@ def label(exercise: ModuleType) -> str:
     if source is None:
         raise TypeError(f"label() needs a module from course.load or course.working, got {exercise!r}")
     return "reference" if source == "solutions" else "yours"
+
+
+def show_code(obj) -> None:
+    """Print the source of ``obj``: your code, to read beside minivllm's after a check (or the
+    reference answer's, where a notebook shows it). ``scripts/run_notebooks.py`` stores no output
+    for a cell that calls this, so no answer is in a notebook before you run it."""
+    import inspect
+
+    print(inspect.getsource(obj))

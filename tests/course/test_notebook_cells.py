@@ -7,6 +7,9 @@
 - every notebook with an exercise continues with ``ex = course.working(ex)`` after its check;
 - answers (``course.answer``) are never stored, and what a "predict, then run" question reveals
   opens folded (tag ``reveal``);
+- no stored output (nor a markdown cell) holds a reference answer: no solution marker, no two
+  consecutive significant lines of a ``solutions/`` answer; a cell that prints an exercise's code
+  does it with ``course.show_code``, whose output is never stored;
 - a notebook opens unchanged in JupyterLab: this environment's kernelspec, no widget state, no
   widget output that would show as a bare ``VBox(...)`` before the cell runs;
 - what a student reads fits the page: code lines of at most 100 characters, prose lines of at
@@ -119,6 +122,79 @@ def test_answers_are_asked_for_by_existing_keys_and_never_stored(path):
             assert key in known, f"{path.name} cell {i} asks for an answer that does not exist: {key!r}"
             assert key.startswith(f"nb{path.name[:2]}."), f"{path.name} cell {i} shows another notebook's answer {key}"
             assert not cell.outputs, f"{path.name} cell {i}: an answer is stored (run scripts/run_notebooks.py)"
+
+
+# --- no reference answer in what a notebook stores ----------------------------------------------
+SOLUTION_MARKERS = ("BEGIN SOLUTION", "END SOLUTION")
+# a module loaded from exercises/ or solutions/ (its code is an answer, or will be one)
+EXERCISE_SOURCE = re.compile(r"getsource\(\s*(ex|reference|mine|yours|solution)\b")
+
+
+def _line_pairs(lines) -> list[tuple[str, str]]:
+    from minivllm.course.engine_parts import _significant, _squeeze
+
+    significant = [x for x in (_squeeze(line) for line in lines) if _significant(x)]
+    return list(zip(significant, significant[1:]))
+
+
+def _answer_pairs() -> dict[tuple[str, str], str]:
+    """Every two consecutive significant lines of every solution region, whitespace removed ->
+    the solution file they come from; but for the lines minivllm's own code has too (a notebook
+    shows minivllm's part beside the student's after the check: that is the engine, not an
+    answer file, and ``tests/course/test_build_first.py`` keeps it out of sight until then)."""
+    from minivllm.course import exgen
+
+    engine = {pair for path in (ROOT / "minivllm").rglob("*.py") if "course" not in path.parts
+              for pair in _line_pairs(path.read_text().splitlines())}
+    pairs: dict[tuple[str, str], str] = {}
+    for path in sorted((ROOT / "solutions").glob("ex[0-9][0-9]_*.py")):
+        lines = path.read_text().splitlines()
+        for region in exgen.find_regions("\n".join(lines), path.name):
+            pairs.update((pair, path.name) for pair in _line_pairs(lines[region.begin + 1 : region.end])
+                         if pair not in engine)
+    return pairs
+
+
+ANSWER_PAIRS = _answer_pairs()
+
+
+def _stored_text(cell) -> str:
+    if cell.cell_type == "markdown":
+        return cell.source
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", ""))
+        for value in out.get("data", {}).values():
+            parts.append(value if isinstance(value, str) else "\n".join(value) if isinstance(value, list) else "")
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_stored_output_holds_a_reference_answer(path):
+    """What a student sees on opening a notebook (on GitHub, before running anything) holds no
+    answer: a cell that prints an exercise's code does it through ``course.show_code``, whose
+    output ``scripts/run_notebooks.py`` does not store, and no stored output or markdown cell
+    holds a solution marker or two consecutive significant lines of a reference answer."""
+    for i, cell in enumerate(_cells(path)):
+        if cell.cell_type == "code":
+            assert not EXERCISE_SOURCE.search(cell.source), (
+                f"{path.name} cell {i} prints an exercise's code with getsource: use course.show_code, "
+                "whose output is not stored")
+            if "course.show_code(" in cell.source:
+                assert not cell.outputs, f"{path.name} cell {i}: course.show_code's output is stored"
+        text = _stored_text(cell)
+        marker = next((m for m in SOLUTION_MARKERS if m in text), None)
+        assert marker is None, f"{path.name} cell {i} stores a solution marker ({marker})"
+        leaked = next((ANSWER_PAIRS[p] for p in _line_pairs(text.splitlines()) if p in ANSWER_PAIRS), None)
+        assert leaked is None, f"{path.name} cell {i} stores lines of the reference answer in solutions/{leaked}"
+
+
+def test_the_answer_rule_sees_an_answer():
+    solution = (ROOT / "solutions" / "ex02_continuous.py").read_text()
+    cell = nbformat.v4.new_code_cell("course.show_code(ex.ContinuousScheduler.schedule)")
+    cell.outputs = [nbformat.v4.new_output("stream", text=solution)]
+    assert any(p in ANSWER_PAIRS for p in _line_pairs(_stored_text(cell).splitlines()))
+    assert "BEGIN SOLUTION" in _stored_text(cell)
 
 
 def test_every_answer_is_asked_for_by_its_notebook():
