@@ -93,3 +93,69 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None) ->
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
         )
     return out[0, len(prompt):].tolist()
+
+
+class FreeListKV:
+    """Paged KV bookkeeping at its plainest, written from the protocols alone (a plug-in's view of
+    ``KVCacheManagerInterface`` and ``SpeculativeKVCacheManager``): a stack of free block ids and
+    one table per request. No prefix caching, no forking."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.free_ids = list(range(num_blocks - 1, -1, -1))
+        self.tables: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_ids)
+
+    @property
+    def num_reserved_slots(self) -> int:
+        return self.num_used_blocks * self.block_size
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        return self.num_used_blocks
+
+    def get_block_ids(self, request_id):
+        return self.tables.get(request_id, [])
+
+    def get_computed_blocks(self, request):
+        return [], 0
+
+    def allocate_slots(self, request, num_new_tokens, new_computed_blocks=(), num_lookahead_tokens=0):
+        table = self.tables.get(request.request_id, [])
+        end = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        need = -(-end // self.block_size) - len(table)
+        if need > len(self.free_ids):
+            return None
+        table = self.tables.setdefault(request.request_id, table)
+        table.extend(self.free_ids.pop() for _ in range(max(need, 0)))
+        return table
+
+    def free(self, request):
+        self.free_ids.extend(reversed(self.tables.pop(request.request_id, [])))
+
+    def trim(self, request, num_tokens):
+        """Speculative decoding's rollback: the blocks past the first ``num_tokens`` slots go back."""
+        table = self.tables.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        while table and len(table) > keep:
+            self.free_ids.append(table.pop())
+
+    def commit_written_blocks(self):
+        pass
+
+    def discard_unwritten_blocks(self):
+        pass
+
+    def check_invariants(self, live_request_ids=None):
+        held = [b for t in self.tables.values() for b in t]
+        assert len(set(held)) == len(held) and not set(held) & set(self.free_ids)
+        assert len(held) + len(self.free_ids) == self.num_blocks
+        if live_request_ids is not None:
+            assert set(self.tables) <= set(live_request_ids)

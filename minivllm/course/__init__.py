@@ -182,10 +182,14 @@ def _verdict_key(module: ModuleType) -> tuple[str, str, str] | None:
 
 
 def grade(names: list[str] | None = None, solutions: bool | None = None) -> list[Report]:
-    """Grade several exercises (default: all) without raising; one :class:`Report` each.
-    An exercise file that does not even import is reported as one failing case."""
+    """Grade several exercises (default: all, then the capstone) without raising; one
+    :class:`Report` each. An exercise file that does not even import is reported as one failing
+    case. ``"capstone"`` names the engine assembled from exercises 02-08 (its own line)."""
+    asked = [str(n) for n in names] if names else None
+    capstone = asked is None or any(n.lower() == "capstone" for n in asked)
+    exercises = exercise_names() if asked is None else [resolve_name(n) for n in asked if n.lower() != "capstone"]
     reports = []
-    for name in [resolve_name(n) for n in names] if names else exercise_names():
+    for name in exercises:
         try:
             module = load(name, solutions=solutions)
         except Exception as err:  # noqa: BLE001 - a syntax error in the student's file, say
@@ -197,6 +201,11 @@ def grade(names: list[str] | None = None, solutions: bool | None = None) -> list
             reports.append(run_cases(name, None, [case], source))
             continue
         reports.append(_run(name, module, module.__course_source__))
+    if capstone:
+        from minivllm.course.capstone import PREREQUISITES, capstone_report
+
+        if asked is not None or set(PREREQUISITES) <= set(exercise_names()):  # a course with every part
+            reports.append(capstone_report(solutions))
     return reports
 
 

@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from minivllm import course
-from minivllm.course.grading import Mismatch
+from minivllm.course.grading import TODO, CaseResult, Mismatch, Report
 from minivllm.course.harness import (
     TraceRequest,
     TraceResult,
@@ -384,3 +384,40 @@ def check_engine(engine: Engine) -> list[CapstoneRun]:
     if second.summary["preemptions"] == 0 or second.summary["prefill_tokens_skipped"] == 0 or second.cow_copies == 0:
         raise AssertionError(f"the prefix/fork trace lost a feature: {second.summary}, {second.cow_copies} copies")
     return runs
+
+
+# --- the capstone's line on the scoreboard ----------------------------------------------------------
+CAPSTONE = "capstone"
+PREREQUISITES = ("ex02_continuous", "ex03_chunked_prefill", "ex04_block_allocator", "ex05_paged_attention_ref",
+                 "ex06_triton_kernel", "ex07_prefix_cache", "ex08_engine_step")
+
+
+def _capstone_case(step_loop: ModuleType) -> None:
+    """Serve the tiny model with the engine assembled from every part; its own line on the
+    scoreboard, after the exercises it needs pass their own checks."""
+    step_loop_runs(step_loop.StepLoop)  # a stub fails here, before anything is assembled
+    check_engine(assemble(step_loop))
+
+
+def capstone_report(solutions: bool | None = None) -> Report:
+    """The capstone's scoreboard line: ``todo`` ("needs ex02, ex05") until every exercise it is
+    assembled from passes its own checks; then the engine of all those parts must serve the tiny
+    model with minivllm's tokens and decisions."""
+    from minivllm.course.grading import Case, run_case
+
+    case_ = Case("your whole engine, the parts of exercises 02-08, serving the tiny model", CAPSTONE, _capstone_case,
+                 "notebook 08's capstone section shows which part disagrees: serve its traces there")
+    absent = [name.split("_")[0] for name in PREREQUISITES if name not in course.exercise_names()]
+    if absent:
+        report = Report(CAPSTONE, "exercises")
+        report.results.append(CaseResult(case_, TODO, f"needs {', '.join(absent)}, which this copy of the course has not"))
+        return report
+    modules = {name: course.load(name, solutions=solutions) for name in PREREQUISITES}
+    source = modules["ex08_engine_step"].__course_source__
+    report = Report(CAPSTONE, source)
+    missing = [name.split("_")[0] for name, module in modules.items() if not course.verdict(module).passed]
+    if missing:
+        report.results.append(CaseResult(case_, TODO, f"needs {', '.join(missing)} (each passing its own checks)"))
+    else:
+        report.results.append(run_case(case_, modules["ex08_engine_step"]))
+    return report

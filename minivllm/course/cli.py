@@ -9,7 +9,8 @@ import sys
 
 def add_commands(sub) -> None:
     grade = sub.add_parser("grade", help="grade your exercises and print the scoreboard")
-    grade.add_argument("exercises", nargs="*", help="exercise names or numbers (default: all), e.g. ex02 or 2")
+    grade.add_argument("exercises", nargs="*",
+                       help="exercise names or numbers (default: all, then the capstone), e.g. ex02, 2 or capstone")
     grade.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
     grade.add_argument("-q", "--quiet", action="store_true", help="one line per exercise")
     grade.set_defaults(func=_grade)
@@ -35,17 +36,20 @@ def _grade(args: argparse.Namespace) -> int:
     passed = sum(r.num_passed for r in reports)
     for r in reports:
         if args.quiet:
-            mark = "✓" if r.passed else "✗"
+            mark = "✓" if r.passed else "✗" if r.wrong else "·"
             hints = f"  ({r.hints[0]} of {r.hints[1]} hints used)" if r.hints and r.hints[0] else ""
             print(f"{mark} {r.exercise:<24} {r.num_passed:>3}/{len(r.results)}{hints}")
         else:
             print(r.render(verbose=True))
             print()
-    done = sum(r.passed for r in reports)
+    exercises = [r for r in reports if r.exercise != "capstone"]
+    done = sum(r.passed for r in exercises)
     used = sum(r.hints[0] for r in reports if r.hints)
     hints = f", {used} hint{'s' if used != 1 else ''} used" if any(r.hints for r in reports) else ""
-    print(f"{done}/{len(reports)} exercises complete, {passed}/{total} checks passed{hints}")
-    return 0 if done == len(reports) else 1
+    capstone = next((r for r in reports if r.exercise == "capstone"), None)
+    whole = "" if capstone is None else f"; the capstone {'serves' if capstone.passed else 'is to do'}"
+    print(f"{done}/{len(exercises)} exercises complete, {passed}/{total} checks passed{hints}{whole}")
+    return 0 if all(r.passed for r in reports) else 1
 
 
 def _hint(args: argparse.Namespace) -> int:

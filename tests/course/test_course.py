@@ -768,17 +768,20 @@ def test_ex07_on_the_reference_ex04_is_not_complete(tmp_path, monkeypatch, own_e
         assert result.status == TODO and "runs on the reference exercise 04" in result.message
 
 
-def test_the_whole_engine_case_names_the_parts_the_reference_stood_in_for(tmp_path, monkeypatch):
-    """Exercise 08 done, nothing else: the capstone serves with the reference parts, and its case
-    stays to do, naming them, instead of passing as "your whole engine"."""
+def test_the_capstone_is_its_own_line_and_exercise_08_counts_its_own_cases(tmp_path, monkeypatch):
+    """Exercise 08 done, nothing else: exercise 08 passes on its own cases, the capstone's line
+    says which exercises it still needs, and in the capstone's table the step loop is yours."""
+    from minivllm.course import capstone
+
     _student_checkout(tmp_path, monkeypatch, ["ex08_engine_step"])
     ex08 = course.load("ex08_engine_step")
-    result = run_case(_case("ex08_engine_step", "your whole engine: the parts you wrote in exercises 02-08, "
-                            "serving the tiny model"), ex08)
-    assert result.status == TODO, result.message
-    for part in ("ChunkedScheduler.schedule (ex03_chunked_prefill", "PrefixCachingKVCacheManager (ex07_prefix_cache",
-                 "BlockPool (ex04_block_allocator", "PagedAttentionBackend"):
-        assert part in result.message
+    assert course.verdict(ex08).passed
+    (line,) = capstone.capstone_report().results
+    assert line.status == TODO and line.message.startswith("needs ex02, ex03, ex04, ex05, ex06, ex07 "), line.message
+    table = capstone.assemble(ex08).table()
+    assert any("step loop" in row and "yours" in row for row in table.splitlines()), table
+    reports = course.grade()
+    assert [r.exercise for r in reports][-1] == "capstone" and not reports[-1].passed
 
 
 # --- scoreboard and command line ---------------------------------------------------------------------
@@ -914,7 +917,7 @@ def test_replay_comparison_reports_the_state_before_the_step():
 def test_the_ex03_scheduler_runs_over_another_kv_cache_manager():
     """What notebook 08 does: the student's scheduler and a KV cache manager written elsewhere,
     both plugged into one LLM, give minivllm's own greedy tokens."""
-    from test_plugins import FreeListKV
+    from support import FreeListKV
 
     from minivllm import LLM, SamplingParams
 

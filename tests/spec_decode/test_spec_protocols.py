@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
+from support import FreeListKV
 
 import minivllm
 from minivllm import LLM, SamplingParams
@@ -18,71 +19,6 @@ from minivllm.request import RequestStatus
 PROMPTS = ["Once upon a time", "The little fox", "Mia had a red ball. She played with it every day"]
 ARGS = dict(max_model_len=256, max_num_seqs=8, seed=0)
 NUM_BLOCKS = 64
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class FreeListKV:
-    """Block tables over a free list: no prefix cache, no sharing; ``trim`` gives back the tail."""
-
-    def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.free_ids = list(range(num_blocks - 1, -1, -1))
-        self.tables: dict[str, list[int]] = {}
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_ids)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_ids)
-
-    @property
-    def num_reserved_slots(self) -> int:
-        return self.num_used_blocks * self.block_size
-
-    @property
-    def num_referenced_blocks(self) -> int:
-        return sum(len(t) for t in self.tables.values())
-
-    def get_block_ids(self, request_id):
-        return self.tables.get(request_id, [])
-
-    def get_computed_blocks(self, request):
-        return [], 0
-
-    def allocate_slots(self, request, num_new_tokens, new_computed_blocks=(), num_lookahead_tokens=0):
-        table = self.tables.get(request.request_id, [])
-        need = cdiv(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.block_size) - len(table)
-        if need > len(self.free_ids):
-            return None
-        table = self.tables.setdefault(request.request_id, table)
-        table.extend(self.free_ids.pop() for _ in range(max(need, 0)))
-        return table
-
-    def trim(self, request, num_tokens):
-        table = self.tables.get(request.request_id)
-        keep = cdiv(num_tokens, self.block_size)
-        while table and len(table) > keep:
-            self.free_ids.append(table.pop())
-
-    def free(self, request):
-        self.free_ids.extend(reversed(self.tables.pop(request.request_id, [])))
-
-    def commit_written_blocks(self):
-        pass
-
-    def discard_unwritten_blocks(self):
-        pass
-
-    def check_invariants(self, live_request_ids=None):
-        held = [b for t in self.tables.values() for b in t]
-        assert len(set(held)) == len(held) and sorted(held + self.free_ids) == list(range(self.num_blocks))
-        if live_request_ids is not None:
-            assert set(self.tables) <= set(live_request_ids)
 
 
 class DraftingScheduler:

@@ -197,20 +197,3 @@ def _(ex):
     from minivllm.course.capstone import compare_served, serve_engine_trace
 
     compare_served(_reference_serving(), serve_engine_trace(ex.StepLoop), "LLM(engine_core=StepLoop)")
-
-
-@case(CASES, "your whole engine: the parts you wrote in exercises 02-08, serving the tiny model", "StepLoop",
-      "notebook 08's capstone section shows which parts are yours (a part whose exercise does not pass "
-      "yet runs the reference, and this case stays to do); if the case above passes and this one fails, "
-      "run capstone.assemble(ex) there and serve the trace to see which part disagrees")
-def _(ex):
-    from minivllm.course.capstone import assemble, check_engine, step_loop_runs
-
-    step_loop_runs(ex.StepLoop)  # a stub fails here, before the other exercises are graded
-    engine = assemble(ex)
-    check_engine(engine)
-    stand_ins = engine.stand_ins() if ex.__course_source__ == "exercises" else []
-    if stand_ins:  # the engine served, but it is not all yours yet
-        parts = "; ".join(f"{p.role.strip()} {p.what} ({p.exercise}: your file {p.checks})" for p in stand_ins)
-        raise NotImplementedError(f"your engine served minivllm's tokens, with the reference standing in for: "
-                                  f"{parts}. Pass those exercises to serve it with all your own parts")
