@@ -34,6 +34,8 @@ P6. An id that is not one of the pool's blocks (an int in ``0 .. num_blocks - 1`
 P7. Cost: ``free`` and ``touch`` take O(1) per id they are given and ``allocate(n)`` O(n), however
     large the pool; none of them may scan the pool or the free queue (the engine calls them
     every step, for every running request). ``free_block_ids()`` may take O(num_free_blocks).
+    The check times the same calls in a pool of 1,000 blocks and in one of 200,000: a pool that
+    never searches takes about as long per call in both; a search shows as 20x or more.
 
 ``PagedKVCacheManager`` implements minivllm's ``KVCacheManagerInterface`` protocol
 (``minivllm/core/interfaces.py``), so ``LLM(kv_cache=PagedKVCacheManager(num_blocks, 16))``

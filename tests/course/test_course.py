@@ -499,6 +499,12 @@ MUTANTS = [
     ("ex04_block_allocator", "popitem(last=False)", "popitem()"),
     # ex04: touch leaves a free block in the free queue
     ("ex04_block_allocator", "            if self.ref_counts[block_id] == 0:\n                del self.free_queue[block_id]\n", ""),
+    # ex04: P7, a touched free block taken out of the queue by rebuilding it (a scan of the queue)
+    ("ex04_block_allocator", "                del self.free_queue[block_id]\n",
+     "                self.free_queue = type(self.free_queue).fromkeys(b for b in self.free_queue if b != block_id)\n"),
+    # ex04: P7, "already free?" answered by searching the free queue
+    ("ex04_block_allocator", "            if drops[block_id] > self.ref_count(block_id):\n",
+     "            if drops[block_id] > self.ref_count(block_id) or block_id in list(self.free_queue):\n"),
     # ex04: refusing when exactly enough blocks are free
     ("ex04_block_allocator", "if need > self.pool.num_free_blocks:", "if need >= self.pool.num_free_blocks:"),
     # ex04: a refused new request gets an (empty) table all the same

@@ -166,6 +166,81 @@ def _(ex):
     expect(pool.free_block_ids(), [1], "free queue after freeing block 1 again")
 
 
+# P7 is a rule about cost, so it is graded by what cost does: the same calls in a pool 200 times
+# larger. A pool that never scans times them alike (the reference: within 1.5x); one that scans
+# its free queue (``list.pop(0)``, ``remove``, ``in``) takes 20-200x as long per call. The verdict
+# sits far from both: the best of several rounds per size, interleaved, so a busy machine slows
+# both sides alike, and a round of a slow pool stops as soon as it has shown it.
+_SMALL_POOL, _LARGE_POOL, _COST_CALLS, _COST_ROUNDS, _COST_LIMIT = 1_000, 200_000, 200, 5, 8.0
+_COST_WHAT = {
+    "allocate_many": "block of allocate(num_blocks // 2)",
+    "allocate": "allocate(1) then free of that block",
+    "touch_held": "touch then free of a held block",
+    "touch_free": "touch then free of a block from the middle of the free queue",
+}
+
+
+def _pool_costs(ex, num_blocks: int, stop_after: dict[str, float]) -> dict[str, float]:
+    """Seconds per call (per block for ``allocate_many``) of each kind in ``_COST_WHAT``, in a new
+    pool of ``num_blocks`` with half its blocks held; a kind stops early, after a multiple of 20
+    calls, once it has spent more than ``stop_after[kind]`` per call."""
+    import gc
+    import time
+
+    pool = ex.BlockPool(num_blocks)
+    middle = num_blocks // 2 + num_blocks // 4  # free, and not reached by 'allocate' below
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        held = pool.allocate(num_blocks // 2)  # free queue: num_blocks // 2, ..., num_blocks - 1
+        costs = {"allocate_many": (time.perf_counter() - start) / (num_blocks // 2)}
+        for kind in ("allocate", "touch_held", "touch_free"):
+            done, spent = 0, 0.0
+            while done < _COST_CALLS and spent <= stop_after.get(kind, float("inf")) * max(done, 1):
+                start = time.perf_counter()
+                for i in range(done, done + 20):
+                    if kind == "allocate":
+                        pool.free(pool.allocate(1))
+                    elif kind == "touch_held":
+                        pool.touch([held[i]])
+                        pool.free([held[i]])
+                    else:
+                        pool.touch([middle + i])
+                        pool.free([middle + i])
+                spent += time.perf_counter() - start
+                done += 20
+            costs[kind] = spent / done
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return costs
+
+
+def _best(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {kind: min(r[kind] for r in rounds) for kind in _COST_WHAT}
+
+
+@case(CASES, "free, touch and allocate cost the same in a pool 200 times larger", "BlockPool",
+      "P7: no call may scan the pool or the free queue (a list's pop(0), remove or `in` do); keep a "
+      "structure that finds a block, and drops one from the middle of the queue, without a search")
+def _(ex):
+    small = _best([_pool_costs(ex, _SMALL_POOL, {}) for _ in range(_COST_ROUNDS)])
+    stop_after = {kind: 4 * _COST_LIMIT * cost for kind, cost in small.items()}
+    large_rounds: list[dict[str, float]] = []
+    for _ in range(_COST_ROUNDS):
+        large_rounds.append(_pool_costs(ex, _LARGE_POOL, stop_after))
+        large = _best(large_rounds)
+        if len(large_rounds) >= 2 and any(large[k] > stop_after[k] for k in large):
+            break  # two rounds agree that it scans: no need to wait for the rest
+    for kind, what in _COST_WHAT.items():
+        ratio = large[kind] / small[kind]
+        if ratio > _COST_LIMIT:
+            raise Mismatch(f"at most {_COST_LIMIT:g}x", f"{ratio:.0f}x",
+                           f"time per {what}, a pool of {_LARGE_POOL:,} blocks against one of "
+                           f"{_SMALL_POOL:,} (best of {len(large_rounds)} rounds): the call scans")
+
+
 @case(CASES, "a pool of no blocks, or of a number that is not an int, is refused", "BlockPool.__init__",
       "raise ValueError for num_blocks < 1 (and for a float or a bool)")
 def _(ex):
