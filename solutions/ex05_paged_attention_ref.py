@@ -51,8 +51,9 @@ float32, the work counts run float32 steps.
    decode the short ones. Compute scores and weighted sums with matrix products
    (``@``, ``matmul``, ``einsum``, ``bmm``) or ``scaled_dot_product_attention``: the checks count
    those (``minivllm/course/work.py``).
-4. Grouped-query attention without copies: K and V are never repeated once per query head
-   (a copy ``H / KVH`` times the size of what the step reads, in every layer).
+4. Grouped-query attention without copies: K and V are never repeated once per query head, for
+   decode rows and for prompts and chunks alike (a copy ``H / KVH`` times the size of what the
+   step reads, in every layer).
 5. Your own code, in PyTorch: none of minivllm's attention backends or their helpers
    (``minivllm.attention``'s ``cache_ops``, ``torch_ragged``, ``torch_padded``, the Triton
    kernels) in this file.

@@ -461,6 +461,13 @@ MUTANTS = [
     # ex05: the decodes sent down the prompt path, one at a time
     ("ex05_paged_attention_ref", "            if n == 1:\n", "            if n == -1:\n"),
     ("ex05_paged_attention_ref", "            if n < 2:\n", "            if n < 1:\n"),
+    # ex05: K/V repeated once per query head for the prompts and chunks
+    ("ex05_paged_attention_ref",
+     '            q = query[rows].view(n, num_kv_heads, group, head_dim)\n'
+     '            scores = torch.einsum("nkgd,lkd->kgnl", q, k) * scale  # [KVH, group, n, L]\n',
+     '            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)\n'
+     '            q = query[rows].view(n, num_kv_heads * group, 1, head_dim)\n'
+     '            scores = torch.einsum("nkgd,lkd->kgnl", q, k) * scale\n'),
     # ex05: K/V repeated once per query head for the decode rows
     ("ex05_paged_attention_ref",
      '            q = query[rows].view(len(seqs), num_kv_heads, group, head_dim)  # head h: h // group\n'

@@ -299,16 +299,22 @@ def _(ex):
                 "longer sequence's length")
 
 
-@case(CASES, "no K/V copied per query head: 16 query heads over 2 KV heads against 2 over 2", BACKEND,
-      "view the query heads as [KVH, H // KVH] and let each KV head meet its group in one product; "
-      "repeat_interleave on K or V is the copy")
+@case(CASES, "no K/V copied per query head, for decodes and for chunks: 16 query heads over 2 KV heads "
+      "against 2 over 2", BACKEND,
+      "view the query heads as [KVH, H // KVH] and let each KV head meet its group in one product, on "
+      "both paths; repeat_interleave (or expand then reshape) on K or V is the copy")
 def _(ex):
-    seqs = [Seq(new=2, context=200)] + similar_decodes(6, 5)  # a 2-token chunk and 6 decodes
-    grouped, alone = (work_of(ex, seqs, num_heads=h, num_kv_heads=2, seed=6) for h in (16, 2))
-    if grouped.values_written > 2 * alone.values_written:
-        raise AssertionError(
-            f"with 16 query heads over 2 KV heads the step wrote {grouped.values_written:,} values, "
-            f"with 2 over 2 (the same K/V) {alone.values_written:,}: K or V copied once per query head?")
+    steps = {  # head_dim 128: the K/V a step reads outweighs its scores, so a copy of it shows
+        "6 decode rows of ~100 tokens": similar_decodes(6, 5),
+        "a 2-token chunk after 600 cached tokens": [Seq(new=2, context=600)],
+    }
+    for what, seqs in steps.items():
+        grouped, alone = (work_of(ex, seqs, num_heads=h, num_kv_heads=2, head_dim=128, seed=6) for h in (16, 2))
+        if grouped.values_written > 2 * alone.values_written:
+            raise AssertionError(
+                f"{what}: with 16 query heads over 2 KV heads the step wrote {grouped.values_written:,} "
+                f"values, with 2 over 2 (the same K/V) {alone.values_written:,}: K or V copied once per "
+                "query head?")
 
 
 # --- the backend inside the engine ---------------------------------------------------------------
