@@ -21,65 +21,101 @@ when a request branches (``n > 1``, beam search), ``take_pending_copies`` once a
 when a request ends or is preempted. After the forward pass the step loop calls
 ``commit_written_blocks`` -- or ``discard_unwritten_blocks`` if the step failed.
 
-The rules (the checks grade what follows from them, never your block ids):
+The rules say what must hold; the checks grade what follows from them, never your block ids
+(the ids in the unit cases follow from exercise 04's pool rules alone).
+
+Sharing. Two tables share a block by listing the same id: its ``ref_count`` is the number of
+tables that list it, and every holder reads the one copy of its K/V. A prefix hit shares only
+full blocks that are registered in the cache (C1); a fork shares every block of its parent, the
+partly filled last one included. Nobody writes into a block while it is shared (A2).
 
 Hashes
 H1. ``hash_block`` is a deterministic int of the parent's hash, the block's token ids in order
     and its extra keys; change any of them and the hash changes.
-H2. ``block_hashes`` hashes the *full* blocks of a token sequence, each chained to the one
-    before it (the first to ``parent``); ``(cache_salt,)`` is the extra key of a chain's first
-    block only, so every later block carries the salt through the chain.
+H2. A block's hash stands for its own tokens and every token before them: ``block_hashes`` gives
+    one hash per *full* block of a token sequence, each chained to the hash of the block before
+    it (the first to ``parent``); a partial block has none. ``(cache_salt,)`` is the extra key of
+    a chain's first block and of no other, so the salt reaches every later block through the
+    chain, and a chain continued from a ``parent`` does not take it again.
 
-The cache
-C1. A full block is registered under its hash only once the step that writes its last token has
-    run: ``commit_written_blocks`` registers, for each request the step allocated for, the blocks
-    that became full in this step (their last token was among its new tokens); a block not
-    registered then (C2) never is. After ``discard_unwritten_blocks`` none of the step's blocks
-    is registered. A request freed (preempted) before the commit registers nothing. This holds
-    for every block: a prompt's, a generated one's, a fork's, a copy's.
-C2. One block per hash: a block whose hash is cached already (under another block) is not
-    registered. Within one commit, requests register in the order ``allocate_slots`` was called
-    for them.
-C3. A cached block stays cached while requests hold it and after they free it, until the pool's
-    ``allocate`` hands it out again: then, and only then, its hash is forgotten (evicted). A
-    cached block nobody holds is free (it counts in ``num_free_blocks``).
-C4. ``free`` gives a request's blocks back last block first.
+The cache: when a later request may find a block
+C1. Only once its K/V is known to be written. A commit (``commit_written_blocks``) follows a
+    step that ran. For each request ``allocate_slots`` was called for since the last commit or
+    discard, and that still holds blocks, it considers the request's blocks that are full now
+    (all their tokens computed: ``request.num_computed_tokens`` says how many are) and were not
+    considered before, and registers each unless C2 stops it. So a block is considered once, at
+    the commit of the step that filled it, and one passed over then is never registered later.
+    A request's hits count as considered; so, for a forked child, does what its parent had
+    considered (F1). A request freed (preempted) before the commit registers nothing; after
+    ``discard_unwritten_blocks`` (the step failed) the next commit registers nothing for the
+    requests planned before it. This holds for every block: a prompt's, a generated one's, a
+    fork's, a copy.
+C2. One block per hash, one hash per block: a block whose hash is registered already (under
+    another block) is passed over, and a registered block keeps its hash. Within one commit the
+    requests register in the order ``allocate_slots`` was called for them, so of two blocks with
+    the same hash filled in one step, the first request's is the one found.
+C3. A registered block stays findable while requests hold it and after they free it, until the
+    pool hands it out again (as a new block or as a copy): then, and only then, its hash is
+    forgotten (evicted). A registered block nobody holds is free: it counts in
+    ``num_free_blocks``, and a hit takes it back out of the free queue (A1).
+C4. Eviction order is the free queue's (exercise 04's P2, P3): the free block freed longest ago
+    is handed out first. ``free`` gives a request's blocks back last block first, so its private
+    tail is evicted before its prefix, and its first block, the one most requests share, last.
 
 Lookup
-L1. ``get_computed_blocks(request)`` returns the longest run of cached blocks matching the
-    request's block hashes from its first block on (stopping at the first miss), as ``(their
-    block ids, number of tokens they hold)``, and reserves nothing. At most ``(request.num_tokens - 1) //
-    block_size`` blocks: the last token is always computed, to give the logits to sample from.
-    With ``enable_caching=False``: ``([], 0)``.
+L1. ``get_computed_blocks(request)`` returns the longest run of registered blocks matching the
+    request's block hashes (all its tokens so far, its ``cache_salt``) from its first block on,
+    stopping at the first miss, as ``(their block ids, number of tokens they hold)``. It changes
+    nothing: no reference taken, no block out of the free queue; that is ``allocate_slots``'s
+    job. With ``enable_caching=False``: ``([], 0)``, and no commit registers anything.
+L2. A lookup never returns the block holding the request's last token: that token must be
+    computed in the step, so that there are logits to sample the next token from. A request
+    whose tokens fill whole blocks, all of them cached, gets all but the last of them.
 
 Allocation
 A1. ``allocate_slots(request, n, hits, k)``: the hits (only ever given for a request that holds
-    nothing yet) become the request's logical blocks ``0 .. len(hits) - 1``, each with one more
-    reference -- a hit nobody held leaves the free queue; then the table grows as in exercise 04
-    (rule M1) to hold ``request.num_computed_tokens + len(hits) * block_size + n + k`` tokens.
-A2. Copy-on-write: if a block that the ``n`` new tokens land in (positions ``num_computed +
-    len(hits) * block_size`` to that plus ``n - 1``) is also in another table (``ref_count`` > 1),
-    the request first gets a fresh block in its place, drops its reference to the shared one, and
-    ``(shared id, fresh id)`` joins the copies ``take_pending_copies()`` hands over, once. No
-    other block is copied: the lookahead slots never cause a copy.
-A3. All or nothing: if the pool cannot supply the fresh blocks and the copies, return ``None``
-    and change nothing at all. A hit that is free now leaves the free queue, so it cannot also be
-    one of the fresh blocks.
+    nothing yet) become the first blocks of the request's table, in order, each with one more
+    reference; a hit nobody held leaves the free queue, from wherever it is in it. Their tokens
+    then count as computed: the table grows as in exercise 04 (rule M1) to hold the request's
+    computed tokens (``num_computed_tokens``, which does not count the hits yet), the hits'
+    tokens, the ``n`` new tokens and ``k`` lookahead slots.
+A2. Copy-on-write: the request never writes into a block another table also lists. The ``n``
+    new tokens take the positions right after its computed tokens and its hits; each block one
+    of them lands in whose ``ref_count`` is above 1 is replaced, at the same place in the
+    request's table, by a fresh block. The request drops its reference to the shared block (the
+    other holders keep theirs; the last holder writes in place), and ``(shared id, fresh id)``
+    joins the copies ``take_pending_copies()`` hands over, each once, for the model runner to
+    make before the forward pass writes. No other block is copied: full blocks before the new
+    tokens are only read, lookahead slots are room, not writes, and ``n = 0`` writes nothing.
+A3. All or nothing: if the pool cannot supply every fresh block the call needs (new ones and
+    copies), return ``None`` and change nothing at all: no reference, no copy, and no table for
+    a request seen for the first time. A hit that is free now is one of the free blocks, and
+    attaching it takes it out of the free queue: it cannot also be one of the fresh blocks.
 
 Forks
 F1. ``fork(parent, child)``: the child (a new request with the parent's tokens and computed
-    count) gets a table listing the parent's blocks, one more reference each; nothing is copied.
-F2. ``free`` also drops the pending copies into blocks the request held.
+    count) gets a table of its own listing the parent's blocks in order, one more reference
+    each, and counts as considered (C1) what the parent had considered. Nothing is copied or
+    taken from the pool, and the parent is unchanged; from then on each side's writes go
+    through A2, so neither sees the other's new tokens.
+F2. ``free`` also drops the pending copies into blocks the request held: the forward pass must
+    not write into a block that may soon be someone else's.
 
-A worked example, blocks of 4 (hashes shortened)::
+A worked example, blocks of 4 in a pool of 8 (hashes shortened)::
 
     a = 10 tokens t0..t9          hashes: h0 = H(None, t0..t3), h1 = H(h0, t4..t7); t8, t9: none
-    allocate_slots(a, 10)         a: [0, 1, 2]; nothing cached yet
-    commit_written_blocks()       cached: h0 -> 0, h1 -> 1
+    allocate_slots(a, 10)         a: [0, 1, 2]; nothing registered until the step has run
+    commit_written_blocks()       registered: h0 -> 0, h1 -> 1
+    get_computed_blocks(t0..t7)   ([0], 4): block 1 holds the last token, so it is computed
     b = t0..t7 + 3 other tokens   get_computed_blocks(b) = ([0, 1], 8)
     allocate_slots(b, 3, [0, 1])  b: [0, 1, 3]; blocks 0, 1 have 2 references
-    fork(b, c)                    c: [0, 1, 3]; block 3 has 2 references
-    allocate_slots(c, 1)          c writes position 11, in shared block 3: c: [0, 1, 4], copy (3, 4)
+    fork(b, c)                    c: [0, 1, 3]; block 3 has 2 references, nothing copied
+    allocate_slots(c, 1)          c writes position 11, in shared block 3: c: [0, 1, 4],
+                                  copy (3, 4); b keeps block 3 alone and writes in place
+    commit_written_blocks()       c's block 4 is now full: registered under H(h1, c's t8..t11)
+    free(a), free(b), free(c)     free queue 5 6 7 2 3 4 1 0: the shared prefix goes last
+    a request of 21 new tokens    takes 6 blocks, 5 6 7 2 3 4: block 4's hash is forgotten,
+                                  h0 and h1 stay findable (blocks 0, 1, free and cached)
 
 How notebook 08 assembles the student's engine: ``ex07 = course.working("ex07_prefix_cache")``,
 then ``ex07.PrefixCachingKVCacheManager(num_blocks, block_size)``; ``ex07.ex04`` is the exercise
@@ -195,8 +231,8 @@ class PrefixCachingKVCacheManager:
 
     # --- the prefix cache ----------------------------------------------------------------------
     def get_computed_blocks(self, request: Any) -> tuple[list[int], int]:
-        """The longest run of cached blocks at the start of a new request's tokens, and the
-        number of tokens they hold (L1); reserves nothing."""
+        """The longest run of cached blocks at the start of a new request's tokens, never the
+        block of its last token, and the number of tokens they hold (L1, L2); reserves nothing."""
         # BEGIN SOLUTION
         if not self.enable_caching:
             return [], 0

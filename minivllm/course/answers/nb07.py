@@ -55,8 +55,9 @@ def hits_and_copies() -> str:
     copied_32, added_32 = _copied_index(32)
     return (
         f"**{hit} tokens**, not 48: a hit may never cover the whole prompt, since its last token must be "
-        f"computed to give the logits of the first output token. The longest hit is "
-        f"(48 - 1) // 16 = {hit // BLOCK} whole blocks; block 2 is recomputed.\n\n"
+        f"computed to give the logits of the first output token. That token, position 47, is in "
+        f"block {47 // BLOCK}, which a lookup never returns: the hit is the {hit // BLOCK} blocks "
+        f"before it, and block {47 // BLOCK} is computed again.\n\n"
         f"**Position 20** is in logical block {20 // BLOCK}: the writer gets a copy of block "
         f"{_names(table[i] for i in copied_20)}, which both tables point at, and writes into the copy; "
         f"block {table[0]}, full and only ever read again, stays "

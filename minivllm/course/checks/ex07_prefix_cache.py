@@ -181,7 +181,8 @@ def _(ex):
 
 
 @case(CASES, "cached_block_ids: the blocks registered now, held or free", "cached_block_ids",
-      "a block enters at the commit of the step that filled it and leaves when the pool hands it out again")
+      "a block enters at the commit of the step that filled it and leaves when the pool hands it out again; "
+      "which cached block the pool hands out first follows the order free gives blocks back (C4: last first)")
 def _(ex):
     kv = _manager(ex, num_blocks=6)
     expect(kv.cached_block_ids(), set(), "a new manager")
