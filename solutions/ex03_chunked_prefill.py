@@ -13,33 +13,54 @@ come), ``self.requests``, and ``update_from_output`` / ``finish_requests`` for a
 ``LLM(scheduler=ex.ChunkedScheduler)`` (chunked prefill is the engine's default).
 
 The policy (minivllm's ``Scheduler`` with chunked prefill on). The checks compare every step's
-decisions with minivllm's -- on pools small enough to force preemptions too -- so these rules
-are the specification:
+plan, the requests it samples and preempts, the blocks in use and the length of the waiting
+queue with minivllm's -- on pools small enough to force preemptions too -- and every request's
+``num_preemptions`` at the end, so these statements are the specification. Each says what must
+be true of a step, or of the state it leaves behind, not how to get there:
 
-1. **Budget and seats**, as in exercise 02: at most ``max_num_batched_tokens`` tokens computed
-   in a step; at most ``max_num_seqs`` requests running, a request in the middle of its prompt
-   included.
-2. **The running first, the oldest first.** Each running request computes as many of the
-   tokens it still has to compute (``num_tokens - num_computed_tokens``) as the budget left
-   allows: one for a request that is decoding, the rest of its prompt -- or a chunk of it -- for
-   one that is not done with it. A request that would get no token is not in the step.
-3. **Then admission, first come, first served**, while a seat is free and budget is left: the
-   oldest waiting request gets as many of its tokens as the budget left allows -- a prompt
-   longer than that is admitted with a chunk of it. A request whose prompt is not finished
-   stays running and samples nothing until the step that computes its last prompt token. A
-   waiting request that gets ``None`` from ``allocate_slots`` stops admission for the step
-   (nobody overtakes it, and nobody is preempted to make room for it).
-4. **A full pool: preempt the newest.** When ``allocate_slots`` returns ``None`` for a running
-   request, the running request admitted last gives its memory back: its blocks are freed, its
-   ``num_computed_tokens`` goes back to 0 (its K/V is gone), its status becomes ``PREEMPTED``,
-   its ``num_preemptions`` grows by one, it is listed in ``out.preempted`` and it goes back to
-   the front of the waiting queue. Then ask again for the request that needed room; repeat until
-   it fits or it is itself the one preempted -- then it computes nothing in this step.
-5. **A request preempted in a step computes nothing in it.**
-6. **No admission in a step that preempted**: memory is what is short.
-7. **Recompute.** A preempted request keeps its tokens. When it is admitted again it computes
-   all of them -- its prompt and the tokens it had generated -- as one prompt (in chunks, by
-   rule 3), and then samples its next token.
+1. **Limits**, as in exercise 02: a plan computes at most ``max_num_batched_tokens`` tokens,
+   and at most ``max_num_seqs`` requests are running. A request in the middle of its prompt is
+   running: it holds a seat.
+2. **What a request computes.** A request in the plan computes the next ``n`` of the tokens it
+   has not computed yet (there are ``num_tokens - num_computed_tokens`` of them): all of them,
+   or as many as the budget still has when its turn comes, if that is fewer; never none. That is
+   one token for a request that is decoding, and its prompt or the next chunk of it for one that
+   is not done with it. ``schedule()`` returns with its ``num_computed_tokens`` advanced by
+   ``n``. The plan samples a request only in the step that computes its last token, so a request
+   in the middle of its prompt samples nothing. ``n`` is the budget's to decide, not the pool's:
+   a request is never given fewer tokens because the pool is short of room (rules 3 and 5 say
+   what happens then).
+3. **Whose turn.** The running requests come first, in the order they were admitted, then
+   waiting ones, in the order of the queue; the plan lists them in that order, and each gets its
+   tokens from the budget the ones before it left. A running request is in the plan unless no
+   budget is left for it or it is preempted. Admission is first come, first served: a step
+   admits from the head of the queue while a seat is free and budget is left, and stops at the
+   first request the pool cannot hold -- nobody behind it is admitted, and nobody running is
+   preempted for it. A step that preempted admits nobody at all: memory is what is short.
+4. **Room.** Every token a plan computes has its room from ``kv.allocate_slots`` (all or
+   nothing, as in exercise 02), asked for the tokens of this step only. When ``schedule()``
+   returns, every running request holds the blocks for its ``num_computed_tokens`` tokens and no
+   more, and every waiting request holds none and has computed nothing.
+5. **A full pool: the newest gives way.** When a running request's tokens do not fit, running
+   requests are preempted, newest first (the newest is the one admitted, or admitted again,
+   last), and no more of them than it takes: preemption stops as soon as the request fits, or
+   once the request is itself the newest and has been preempted. A request preempted in a step
+   computes nothing in it; the older requests are served as usual.
+6. **What a preempted request is** (preemption by recompute: its K/V is thrown away, its tokens
+   are kept). From its preemption on, and until it is admitted again: it holds no blocks, its
+   ``num_computed_tokens`` is 0, its status is ``PREEMPTED``, and its ``num_tokens`` and tokens
+   are what they were. Its ``num_preemptions`` is one more than before, and the step's
+   ``out.preempted`` lists it (the step's victims in the order they were preempted). It is not
+   in ``running``, and it is at the front of ``waiting``: after the step, the queue holds the
+   step's victims first, in the order they had been admitted (the oldest at the head), then the
+   requests that were waiting before.
+7. **Recompute.** A preempted request is admitted again like any waiting request (rule 3), as
+   if all its tokens -- its prompt and the ones it had generated -- were its prompt: it computes
+   them from the first, in chunks if the budget says so (rule 2), and samples its next token in
+   the step that computes the last of them.
+
+Between steps every running request is ``RUNNING``; a waiting one is ``WAITING``, or
+``PREEMPTED`` if it was preempted and has not been admitted since.
 
 One step worked out (the notebook's by-hand trace): budget 16, chunked prefill on; ``d0``,
 ``d1``, ``d2`` are decoding and ``doc``, a 50-token prompt, waits. The plan is
@@ -63,8 +84,8 @@ class ChunkedScheduler(ContinuousScheduler):
     """Your exercise-02 scheduler, with chunked prefill and preemption by recompute."""
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step under rules 1-7 and return it; every request scheduled has its
-        ``num_computed_tokens`` advanced by the tokens it computes."""
+        """Plan one step by rules 1-7 above and return the plan, leaving the requests, the
+        queues and the pool in the state those rules describe."""
         # BEGIN SOLUTION
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
