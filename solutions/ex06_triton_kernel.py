@@ -63,8 +63,11 @@ def load_block_kernel(
     """Program ``(seq, logical_block, kv_head)``: copy the sequence's positions
     ``logical_block * BLOCK_SIZE ..`` (those ``< seq_len``) of KV head ``kv_head`` to
     ``out[seq, position, kv_head, :]``. Write nothing else: every other entry of ``out`` keeps
-    what it held. Example: blocks of 4, table ``[5, 0]``, ``seq_len`` 6: program
-    ``(0, 1, h)`` copies slots 0 and 1 of physical block 0 to positions 4 and 5."""
+    what it held. Read only the table entry of this logical block and, in the block it names,
+    the slots of those positions: a table entry past the sequence's last block may name any
+    block, and a slot past ``seq_len`` may hold NaN. Example: blocks of 4, table ``[5, 0]``,
+    ``seq_len`` 6: program ``(0, 1, h)`` copies slots 0 and 1 of physical block 0 to positions 4
+    and 5, and program ``(0, 2, h)`` copies nothing."""
     # BEGIN SOLUTION
     seq = tl.program_id(0)
     logical_block = tl.program_id(1)
@@ -115,9 +118,23 @@ def attend_whole_kernel(
     BLOCK_SIZE: tl.constexpr,
     SEQ_PAD: tl.constexpr,  # the longest seq_len rounded up to a power of two: one tile of positions
 ):
-    """Program ``(seq, head)``: ``out[seq, head] = softmax(q k^T * scale) v`` over the sequence's
-    ``seq_len`` positions, all loaded as one ``[SEQ_PAD, BLOCK_D]`` tile, each position from the
-    block its table names. The softmax needs the largest score before any exponential."""
+    """Program ``(seq, head)``: one query head's attention over its whole sequence, in one tile.
+
+    It writes ``out[seq, head] = sum_j w_j v_j`` with ``w = softmax_j(scale * q[seq, head] . k_j)``
+    over the positions ``j < seq_len``. Position ``j`` is slot ``j % BLOCK_SIZE`` of block
+    ``block_tables[seq, j // BLOCK_SIZE]``, and query head ``head`` reads KV head
+    ``head // GROUP`` there. Example: blocks of 16, table ``[7, 2, 0]``, ``seq_len`` 20:
+    positions 0..15 are the 16 slots of block 7, positions 16..19 slots 0..3 of block 2, and
+    the last entry is padding, no block of the sequence's.
+
+    - Tiles: the program holds all its positions at once, K and V as ``[SEQ_PAD, BLOCK_D]``
+      tiles (``SEQ_PAD >= seq_len``, set by the wrapper), each loaded once.
+    - Reads: its query row, ``seq_lens[seq]``, the table entries of its positions, and K/V of
+      those positions, dimensions ``< HEAD_DIM``. Nothing else: every other slot may be NaN.
+      A row of the tile past ``seq_len`` weighs exactly 0.
+    - Writes: ``out[seq, head, :HEAD_DIM]`` only, in ``out``'s dtype.
+    - Numbers: fp32 arithmetic; never ``exp`` of a positive number (an fp32 ``exp`` overflows
+      above 88, and scores can be that large)."""
     # BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -172,9 +189,18 @@ def attend_blocks_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Program ``(seq, head)``: the same answer as ``attend_whole_kernel``, but no tile larger than
-    one block: walk the sequence's blocks in logical order, keeping only a running state (the
-    largest score so far, and sums that can be corrected when it grows). Any length works."""
+    """Program ``(seq, head)``: ``attend_whole_kernel``'s answer, in one pass over the blocks.
+
+    The same output, reads, writes and numeric rules as ``attend_whole_kernel``, for a
+    ``seq_len`` of any size, under three limits:
+
+    - no tile spans more than one block: K and V come in as ``[BLOCK_SIZE, BLOCK_D]`` tiles;
+    - one pass: each of the sequence's blocks is loaded once;
+    - what the program carries from one block to the next has a size fixed at compile time, so
+      it cannot keep earlier blocks' scores, weights or values.
+
+    The scores may rise from block to block (a check raises them by 8 per block), so no block
+    can assume it holds the largest one."""
     # BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -237,10 +263,23 @@ def split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Program ``(seq, head, split)``: attention over the split's range of the sequence's blocks
-    only. Write its normalised output (``softmax`` over the range, times ``v``) and its
-    log-sum-exp, ``log(sum of exp(score))`` over the range. A range past the sequence's end is
-    empty: its log-sum-exp is ``-inf`` and its output must not be NaN (write 0)."""
+    """Program ``(seq, head, split)``: one query head's attention over one range of blocks only.
+
+    The range: logical blocks ``split * blocks_per_split`` up to, not including,
+    ``(split + 1) * blocks_per_split``, and of their positions those ``< seq_len``. Over those
+    positions alone the program writes what the merge needs:
+
+    - ``partial_out[seq, head, split, :HEAD_DIM]``: ``sum_j w_j v_j`` with ``w`` the softmax of
+      the range's scores (normalised within the range, so the weights sum to 1);
+    - ``partial_lse[seq, head, split]``: ``log(sum_j exp(score_j))`` over the range.
+
+    Both buffers are contiguous, indexed in the grid's order ``(seq, head, split)``. A range
+    with no positions (past the sequence's end: a short sequence leaves its later splits empty)
+    writes log-sum-exp ``-inf`` and an output of zeros, never NaN: it must add nothing to the
+    merge, and ``0 * NaN`` is still NaN. Reads, tiles and numeric rules as
+    ``attend_blocks_kernel``, over this range only: no table entry or slot outside it. Example:
+    blocks of 16, ``blocks_per_split`` 1, ``seq_len`` 20: split 0 covers positions 0..15, split
+    1 positions 16..19, and every later split is empty."""
     # BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -292,8 +331,14 @@ def merge_kernel(
     BLOCK_D: tl.constexpr,
     SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
 ):
-    """Program ``(seq, head)``: the attention over all the sequence's blocks, from its splits'
-    outputs and log-sum-exps: each split's answer weighted by its share of the softmax mass."""
+    """Program ``(seq, head)``: the attention over the whole sequence, from its splits' results.
+
+    It reads the ``num_splits`` entries of ``(seq, head)`` in ``partial_out`` and
+    ``partial_lse`` and nothing else (no query, K, V or table), and writes
+    ``out[seq, head, :HEAD_DIM]``: what ``attend_whole_kernel`` gives for the same head. A split
+    whose log-sum-exp is ``-inf`` held no positions and carries no weight; every sequence has at
+    least one split that held some. Numbers: fp32; never ``exp`` of a positive number
+    (log-sum-exps can be in the hundreds)."""
     # BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -354,6 +399,47 @@ def paged_decode_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two >= 16; extra columns masked
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
 ):
+    """Program ``(seq, kv_head)``: decode attention for all the query heads that read one KV head.
+
+    What it computes. Query heads ``h = kv_head * GROUP + r`` for ``r < GROUP`` (a group) all
+    read KV head ``kv_head``. For each of them it writes
+    ``out[seq, h] = sum_j w_j v_j`` with ``w = softmax_j(scale * q[seq, h] . k_j)`` over the
+    positions ``j < seq_len``, where ``k_j`` and ``v_j`` are slot ``j % BLOCK_SIZE`` of block
+    ``block_tables[seq, j // BLOCK_SIZE]`` at KV head ``kv_head`` in the two caches. Example:
+    ``GROUP`` 3, blocks of 16, table ``[7, 2, 0]``, ``seq_len`` 20: program ``(0, 1)`` answers
+    query heads 3, 4 and 5 of sequence 0 from KV head 1 of slots 0..15 of block 7 and slots
+    0..3 of block 2.
+
+    What it may read: the ``GROUP`` query rows of its group; ``seq_lens[seq]``; the table
+    entries of the sequence's ``cdiv(seq_len, BLOCK_SIZE)`` blocks; in those blocks, KV head
+    ``kv_head`` of the slots that hold a position ``< seq_len``, dimensions ``< HEAD_DIM``.
+    Nothing else: every other slot may hold anything, NaN included (the checks fill them with
+    NaN), and a table entry past the last block may name any block. A position past
+    ``seq_len`` must weigh exactly 0.
+
+    What it writes: ``out[seq, h, :HEAD_DIM]`` for the ``GROUP`` heads of its group, in
+    ``out``'s dtype, and nothing else.
+
+    How the work is tiled (so that it runs well on a GPU, not only here):
+
+    - one program per (sequence, KV head): the grid is ``(num_seqs, num_kv_heads)``;
+    - the query is one ``[GROUP_PAD, BLOCK_D]`` tile, one row per query head of the group;
+      rows ``>= GROUP`` and columns ``>= HEAD_DIM`` are padding, read as 0 and never stored;
+    - K and V come in one block at a time, as ``[BLOCK_SIZE, BLOCK_D]`` tiles: one pass, each
+      block loaded once and used by every row of the query tile; no tile spans more than one
+      block, and what is carried from one block to the next has a size fixed at compile time;
+    - both products, queries by keys and weights by values, are ``tl.dot`` of tiles (every
+      side ``>= 16`` on a GPU: the wrapper pads ``GROUP_PAD`` and ``BLOCK_D``, and blocks
+      hold at least 16 tokens).
+
+    Numeric rules: fp32 arithmetic whatever the dtype of ``q`` and the caches; every ``tl.dot``
+    with ``input_precision="ieee"`` (else a GPU rounds fp32 inputs to TF32 and results move by
+    about 1e-3); never ``exp`` of a positive number, for any scores (they may rise from block
+    to block far beyond 88, where an fp32 ``exp`` overflows); block numbers widened to int64
+    before they multiply a stride (a cache of more than 2**31 numbers overflows int32
+    offsets). Every ``seq_len`` is at least 1.
+    """
+    # BEGIN SOLUTION
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
 
@@ -385,7 +471,6 @@ def paged_decode_kernel(
     acc = tl.zeros([GROUP_PAD, BLOCK_D], dtype=tl.float32)  # sum of exp(score - m) * v so far
 
     for logical_block in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
-        # BEGIN SOLUTION
         # int64: physical_block * stride overflows int32 in a cache of more than 2**31 numbers.
         physical_block = tl.load(table + logical_block).to(tl.int64)
         in_seq = logical_block * BLOCK_SIZE + t < seq_len  # [BLOCK_SIZE]: slots that hold a token
@@ -404,7 +489,6 @@ def paged_decode_kernel(
         denom = denom * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
-        # END SOLUTION
 
     out = acc / denom[:, None]
     tl.store(
@@ -412,6 +496,7 @@ def paged_decode_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & d_ok[None, :],
     )
+    # END SOLUTION
 
 
 def paged_decode(
