@@ -37,7 +37,6 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from minivllm import course
 from minivllm.course.grading import TODO, CaseResult, Mismatch, Report
 from minivllm.course.harness import (
     TraceRequest,
@@ -46,7 +45,9 @@ from minivllm.course.harness import (
     expect_same_steps,
     run_trace,
 )
+from minivllm.course.loader import exercise_names, load
 from minivllm.course.reference import DECISIONS
+from minivllm.course.verdicts import verdict, working
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 128
@@ -70,7 +71,7 @@ def _checks_of(module: ModuleType | None) -> str:
     tests, not here)."""
     if module is None or module.__course_source__ == "solutions":
         return "—"
-    report = course.verdict(module)
+    report = verdict(module)
     n, ok = len(report.results), report.num_passed
     counts = report.counts()
     extra = ", ".join(f"{counts[k]} {k}" for k in ("fail", "error", "todo") if counts[k])
@@ -84,10 +85,10 @@ def _whose(module: ModuleType) -> str:
 def _pick(name: str) -> tuple[ModuleType, ModuleType]:
     """``(the module to run, the student's module)``: the student's file if it passes its
     checks (under ``MINIVLLM_SOLUTIONS=1`` that file is the reference), else the reference."""
-    mine = course.load(name)
-    if mine.__course_source__ == "solutions" or course.verdict(mine).passed:
+    mine = load(name)
+    if mine.__course_source__ == "solutions" or verdict(mine).passed:
         return mine, mine
-    return course.load(name, solutions=True), mine
+    return load(name, solutions=True), mine
 
 
 def _part(role: str, what: str, runs: ModuleType, mine: ModuleType, group: str) -> Part:
@@ -177,8 +178,8 @@ def assemble(step_loop: ModuleType | type | None = None, triton: bool | None = N
 
 def _scheduler(parts: list[Part]) -> tuple[type, bool, bool]:
     ex03, mine03 = _pick("ex03_chunked_prefill")
-    ex02_mine = course.load("ex02_continuous")
-    if ex03 is not mine03 and course.verdict(ex02_mine).passed and ex02_mine.__course_source__ == "exercises":
+    ex02_mine = load("ex02_continuous")
+    if ex03 is not mine03 and verdict(ex02_mine).passed and ex02_mine.__course_source__ == "exercises":
         parts.append(_part("scheduler", "ContinuousScheduler (whole prompts, no preemption)", ex02_mine, ex02_mine,
                            "scheduler"))
         parts.append(Part("  not used", "ChunkedScheduler", "ex03_chunked_prefill", "—", _checks_of(mine03),
@@ -194,7 +195,7 @@ def _scheduler(parts: list[Part]) -> tuple[type, bool, bool]:
 def _kv_cache(parts: list[Part]) -> Callable[[int, int], Any]:
     ex07, mine07 = _pick("ex07_prefix_cache")
     parts.append(_part("KV cache manager", "PrefixCachingKVCacheManager", ex07, mine07, "kv"))
-    parts.append(_part("  under it", "BlockPool", ex07.ex04, course.load("ex04_block_allocator"), "kv"))
+    parts.append(_part("  under it", "BlockPool", ex07.ex04, load("ex04_block_allocator"), "kv"))
     return ex07.PrefixCachingKVCacheManager
 
 
@@ -219,7 +220,7 @@ def _attention(parts: list[Part], triton: bool | None) -> Callable[[], Any]:
 
 def _step_loop(parts: list[Part], step_loop: ModuleType | type | None) -> type:
     if step_loop is None:
-        step_loop = course.working("ex08_engine_step")
+        step_loop = working("ex08_engine_step")
     if isinstance(step_loop, ModuleType):
         checks = "—" if getattr(step_loop, "__course_report__", None) is None else _checks_of(step_loop)
         parts.append(Part("step loop", "StepLoop.run_step", "ex08_engine_step", _whose(step_loop), checks, "step loop"))
@@ -407,15 +408,15 @@ def capstone_report(solutions: bool | None = None) -> Report:
 
     case_ = Case("your whole engine, the parts of exercises 02-08, serving the tiny model", CAPSTONE, _capstone_case,
                  "notebook 08's capstone section shows which part disagrees: serve its traces there")
-    absent = [name.split("_")[0] for name in PREREQUISITES if name not in course.exercise_names()]
+    absent = [name.split("_")[0] for name in PREREQUISITES if name not in exercise_names()]
     if absent:
         report = Report(CAPSTONE, "exercises")
         report.results.append(CaseResult(case_, TODO, f"needs {', '.join(absent)}, which this copy of the course has not"))
         return report
-    modules = {name: course.load(name, solutions=solutions) for name in PREREQUISITES}
+    modules = {name: load(name, solutions=solutions) for name in PREREQUISITES}
     source = modules["ex08_engine_step"].__course_source__
     report = Report(CAPSTONE, source)
-    missing = [name.split("_")[0] for name, module in modules.items() if not course.verdict(module).passed]
+    missing = [name.split("_")[0] for name, module in modules.items() if not verdict(module).passed]
     if missing:
         report.results.append(CaseResult(case_, TODO, f"needs {', '.join(missing)} (each passing its own checks)"))
     else:

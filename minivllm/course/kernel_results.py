@@ -93,12 +93,16 @@ class KernelBenchmark:
 def stored_kernel_benchmark(device: str | None = None, root: str | Path | None = None) -> KernelBenchmark | None:
     """The stored kernel benchmark of ``device`` (a ``torch.cuda.get_device_name()``), or, without
     one, the most recent of any GPU; ``None`` when no result is stored. ``root``: the course root
-    (default: :func:`minivllm.course.course_root`)."""
-    if root is None:
-        from minivllm.course.loader import course_root
+    (default: :func:`minivllm.course.course_file`'s search)."""
+    if root is not None:
+        directory = Path(root) / RESULTS_DIR
+    else:  # the course's own results, else those beside the installed package
+        from minivllm.course.loader import CourseFileMissing, course_file
 
-        root = course_root()
-    directory = Path(root) / RESULTS_DIR
+        try:
+            directory = course_file(RESULTS_DIR)
+        except CourseFileMissing:
+            return None
     if device is not None:
         path = directory / result_name(device)
         return KernelBenchmark.from_file(path) if path.is_file() else None

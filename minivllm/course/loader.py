@@ -114,12 +114,33 @@ def load_path(path: Path, name: str, source: str) -> ModuleType:
     return module
 
 
+class CourseFileMissing(FileNotFoundError):
+    """A file of the full course (a benchmark script, a page of docs/) that this copy of the
+    course does not have."""
+
+
+def course_file(relative: str | Path, root: Path | None = None) -> Path:
+    """A file or folder of the full course (``benchmarks/...``, ``docs/...``): the course's own,
+    else the one beside the installed package (a copy of the course made from the clone that
+    minivllm was installed from). Neither: :class:`CourseFileMissing`."""
+    for base in (root or course_root(), Path(__file__).resolve().parents[2]):
+        if (base / relative).exists():
+            return base / relative
+    raise CourseFileMissing(f"{Path(relative).as_posix()} is not in this copy of the course")
+
+
+def benchmarks_dir(root: Path | None = None) -> Path | None:
+    """Where the benchmark scripts are (:func:`course_file`), or ``None``."""
+    try:
+        return course_file("benchmarks", root)
+    except CourseFileMissing:
+        return None
+
+
 def load_benchmark(name: str, root: Path | None = None) -> ModuleType:
     """Import ``benchmarks/<name>.py`` as a module, so that a notebook reuses a benchmark's
     functions instead of copying them (the benchmarks are scripts, not a package)."""
-    path = (root or course_root()) / "benchmarks" / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = course_file(f"benchmarks/{name}.py", root)
     mod_name = f"_minivllm_benchmark_{name}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     assert spec is not None and spec.loader is not None

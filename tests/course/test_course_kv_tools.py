@@ -11,7 +11,7 @@ import pytest
 
 from minivllm import course
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.course import blockmap
+from minivllm.course import blockmap, verdicts
 from minivllm.course.grading import Mismatch
 from minivllm.course.kv_replay import KVSetup, TraceRequest, compare_with_minivllm, replay
 from minivllm.request import Request
@@ -176,8 +176,8 @@ def test_working_remembers_a_verdict_until_an_exercise_file_changes(tmp_path, mo
     shutil.copy(source, tmp_path / "exercises" / source.name)
     monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(tmp_path))
     runs = []
-    real = course.run_cases
-    monkeypatch.setattr(course, "run_cases", lambda *a, **k: runs.append(a[0]) or real(*a, **k))
+    real = verdicts.run_cases
+    monkeypatch.setattr(verdicts, "run_cases", lambda *a, **k: runs.append(a[0]) or real(*a, **k))
     assert course.working("ex01_static_waste").__course_source__ in ("exercises", "solutions")
     course.working("ex01_static_waste")
     assert len(runs) == 1  # the second call reused the verdict
