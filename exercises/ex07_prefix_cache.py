@@ -97,9 +97,10 @@ A3. All or nothing: if the pool cannot supply every fresh block the call needs (
     attaching it takes it out of the free queue: it cannot also be one of the fresh blocks.
 
 Forks
-F1. ``fork(parent, child)``: the child (a new request with the parent's tokens and computed
-    count) gets a table of its own listing the parent's blocks in order, one more reference
-    each, and counts as considered (C1) what the parent had considered. Nothing is copied or
+F1. ``fork(parent, child)``: the child (a new request with the parent's tokens; the scheduler
+    sets its computed count to the parent's once ``fork`` returns, so read counts off the parent)
+    gets a table of its own listing the parent's blocks in order, one more reference each, and
+    counts as considered (C1) what the parent had considered. Nothing is copied or
     taken from the pool, and the parent is unchanged; from then on each side's writes go
     through A2, so neither sees the other's new tokens.
 F2. ``free`` also drops the pending copies into blocks the request held: the forward pass must
