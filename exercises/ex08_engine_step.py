@@ -13,67 +13,80 @@ the base class holds the parts -- ``self.scheduler`` (and its KV cache manager `
 ``n > 1`` request wait in ``self.pending_siblings``) and ends them from outside
 (``self.finish_requests(ids, status)``), and its ``step()`` runs your ``run_step()`` and
 reports the step it returns to the step listeners. ``LLM(engine_core=ex.StepLoop)`` serves the
-model with it. The step is yours: it must leave the engine exactly as the rules below say,
-whatever happens inside it.
+model with it. The step is yours: it must leave the engine as the guarantees below say,
+whatever happens inside it; the order of its calls follows from them.
 
-The rules (``plan`` is what ``self.scheduler.schedule()`` returned; ``start`` is the clock
-before that call, ``end`` the clock once the step's last token is appended or, for a failed
-step, once its requests have ended):
+What the parts offer (how to combine them is yours):
 
-1. **Plan and run.** Each step plans once and runs the plan once (``self.executor.execute``).
-   The executor gets the plan completed: ``self.begin_step(plan)`` has seen it, and
-   ``plan.forks`` maps every leader that samples in this step and still has siblings waiting
-   (``self.pending_siblings``) to those siblings: the executor draws their first tokens from
-   the leader's row (``result.sampled`` then holds a token for each).
-2. **Written blocks.** The blocks a step filled join the prefix cache
-   (``self.kv.commit_written_blocks()``) only once the executor has returned -- and before
-   any request of the step gives its blocks back, for whatever reason it ends, so it leaves
-   them cached for the next request with the same prefix.
-3. **The executor raises** (any ``Exception``): nothing is known to have been written, so
-   nothing of the step may join the prefix cache (``self.kv.discard_unwritten_blocks()``);
-   every request of the plan ends with status ``FINISHED_ERROR``, and so do the siblings
-   waiting on them; each one's entry in ``failed`` is ``"<type of the error>: <the error>"``
-   (``"RuntimeError: out of memory"``); the step is recorded (rule 8) and returns its output;
-   requests not in the plan are not touched, and the engine goes on with them. (Log the error
-   with ``logger.error(..., exc_info=err)``: a server must say why its requests failed.)
-4. **An interrupt** (``KeyboardInterrupt``: a ``BaseException`` that is not an ``Exception``)
-   does everything rule 3 says, including recording the step, but re-raises the interrupt
-   instead of returning.
-5. **A row fails** (``result.failed``: request id -> message): that request and the siblings
-   waiting on it end with ``FINISHED_ERROR``, and each gets that message in ``failed``; they get
-   no token even if the executor drew one, and fork nothing; the other requests of the step go
-   on untouched.
-6. **Forks.** A leader that got its token forks each of its waiting siblings that has not
-   ended, once (``self.scheduler.fork_request(leader, sibling)``: the sibling runs beside it
-   sharing its blocks if a seat is free, else waits for one), leaders in the plan's order and
-   siblings in theirs, all before any token of the step is appended. A sibling forked no longer
-   waits in ``self.pending_siblings``.
-7. **Tokens.** The tokens appended are ``result.sampled`` -- or, with ``choose_tokens`` (beam
-   search), ``choose_tokens(plan, result)`` -- less those of failed requests, by one call of
-   ``self.scheduler.update_from_output(StepTokens(tokens))`` (it applies the stop rules, frees the blocks of
-   the requests that end and returns those).
-8. **Statistics**: one ``self.stats.record_step`` per step, failed or not (its signature says
-   what it takes), describing the engine as the step left it. The step's figures: a request of
-   the plan scheduled for the first time (no ``first_scheduled_time`` yet when the step was
-   planned) counts its ``num_tokens`` as prefix-cache queries and its tokens already computed
-   in the plan (``plan.num_computed``) as hits, and those become its ``num_cached_tokens``;
-   each sibling that forked *and got a seat* counts its leader's ``num_computed_tokens`` as
-   forked tokens. These figures are read off the plan, so a failed step reports them too.
-9. **Timestamps** live on the request, stamped once each: ``first_scheduled_time`` = ``start``
-   of the first step that computed any of its tokens (a failed step computed nothing; a
-   sibling's is the step that gave it its first token); ``first_token_time`` = ``end`` of the
-   step that appended its first token.
-10. **Finished.** Every request the step ends is recorded, once, with ``self.record_finish(req,
-    end)``, which stamps its finished time and hands the request to the statistics: they keep
-    the times it holds then, so by then it holds every time rule 9 gives it. ``finish_requests``
-    does this for the requests it ends, with its own reading of the clock: the finished time of
-    a failed request is the clock when it ended.
-11. **The output**: ``StepOutput(plan, start, end, sampled=<the tokens appended>,
+- ``self.scheduler.schedule()`` plans a step and returns the plan (``plan``, a
+  ``SchedulerOutput``); ``self.scheduler.update_from_output(StepTokens(tokens))`` appends tokens
+  to their requests, applies the stop rules, frees the blocks of the requests that end, and
+  returns those requests; ``self.scheduler.fork_request(leader, sibling)`` starts a waiting
+  sibling beside its leader, on the leader's blocks (if a seat is free; else it waits for one).
+- ``self.kv.commit_written_blocks()`` lets the blocks the step filled join the prefix cache;
+  ``self.kv.discard_unwritten_blocks()`` says that they never will.
+- ``self.executor.execute(plan)`` runs the model and may raise; its result has ``sampled``
+  (request id -> token), ``failed`` (request id -> message: rows that could not be sampled),
+  ``logprobs`` and ``prompt_logprobs``.
+- ``self.begin_step(plan)``, ``self.pending_siblings``, ``self.finish_requests(ids, status)``,
+  ``self.record_finish(req, now)``, ``self.stats.record_step(...)`` and ``self.clock()``, as
+  their docstrings say.
+
+What a step guarantees. ``start`` is the clock before the step is planned; ``end`` the clock
+once the step's last token is appended or, for a failed step, once its requests have ended.
+
+To the prefix cache
+K1. A block the step filled becomes findable by a later request only if the executor returned
+    (only then is its K/V known to be written), and then it does, even when the request that
+    filled it ends in this same step, for whatever reason. After an executor that raised, no
+    block of the step ever becomes findable.
+
+To the scheduler
+S1. One plan per step, run once, and complete when it runs: ``begin_step`` has seen it, and
+    ``plan.forks`` maps every leader that samples in this step and still has siblings waiting to
+    those siblings (the executor draws their first tokens from the leader's row).
+S2. Each request of the step that got a token has it appended, once, and the step's tokens
+    reach the scheduler together: the tokens are ``result.sampled`` or, with ``choose_tokens``
+    (beam search), ``choose_tokens(plan, result)``.
+S3. Before any token of the step is appended, every waiting sibling of a leader that got its
+    token has started beside it, once (leaders in the plan's order, siblings in theirs), unless
+    it has ended; a sibling that started no longer waits.
+S4. No stall: a step that schedules no request, preempts none and ends none while the scheduler
+    holds unfinished requests raises ``EngineStalledError``: nobody would ever run.
+
+What a failure leaves behind
+F1. A failed row: its request and the siblings waiting on it end with ``FINISHED_ERROR``, each
+    with the row's message in ``failed``; they get no token and start nobody; the rest of the
+    step goes on untouched.
+F2. An executor that raises an ``Exception``: every request of the plan ends with
+    ``FINISHED_ERROR``, and so do the siblings waiting on them, each with ``"<type of the
+    error>: <the error>"`` in ``failed`` (``"RuntimeError: out of memory"``); the step is
+    recorded (C2) and returns its output; requests not in the plan are untouched, and the
+    engine goes on with them. (Log the error with ``logger.error(..., exc_info=err)``: a server
+    must say why its requests failed.)
+F3. An interrupt (``KeyboardInterrupt``, or any other ``BaseException`` that is not an
+    ``Exception``) leaves everything as F2 does, the step recorded, and then goes on up.
+
+To the caller
+C1. The output: ``StepOutput(plan, start, end, sampled=<the tokens appended>,
     finished=<every request that ended in the step>, failed=<request id -> message>,
     logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)``.
-12. **No stall.** A step whose plan schedules no request and preempts none, and that ends
-    none, while the scheduler has unfinished requests raises ``EngineStalledError``: nobody
-    will ever run.
+C2. Statistics: one ``record_step`` per step, failed or not, describing the engine as the step
+    left it. The step's own figures: a request of the plan scheduled for the first time (no
+    ``first_scheduled_time`` yet when the step was planned) counts its ``num_tokens`` as
+    prefix-cache queries and its tokens already computed in the plan (``plan.num_computed``) as
+    hits, and those become its ``num_cached_tokens``; each sibling that started *and got a
+    seat* counts its leader's ``num_computed_tokens`` as forked tokens. They are read off the
+    plan, so a failed step reports them too.
+C3. Timestamps live on the request, stamped once each: ``first_scheduled_time`` = ``start`` of
+    the first step that computed any of its tokens (a failed step computed nothing; a
+    sibling's is the step that gave it its first token); ``first_token_time`` = ``end`` of the
+    step that appended its first token.
+C4. Every request the step ends is recorded once as finished (``record_finish(req, end)``
+    stamps its finished time and hands it to the statistics, which keep the times it holds
+    then: by then it holds every time C3 gives it). ``finish_requests`` does this for the
+    requests it ends, with its own reading of the clock: the finished time of a failed
+    request is the clock when it ended.
 
 One step, for example: the plan is ``a`` (decoding), ``p`` (the last token of its prompt; ``n =
 2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns ``sampled = {a: 11,
@@ -109,9 +122,9 @@ class StepLoop(EngineCoreBase):
     """The engine core with your step."""
 
     def run_step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        """Run one engine step by the rules of this module's docstring and return its
+        """Run one engine step, keeping the guarantees of this module's docstring, and return its
         ``StepOutput``.
 
         ``choose_tokens(plan, result)``, when given (beam search), returns the tokens to append
         in place of ``result.sampled``."""
-        raise NotImplementedError("ex08 StepLoop.run_step: Run one engine step by the rules of this module's docstring and return its ``StepOutput``. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")
+        raise NotImplementedError("ex08 StepLoop.run_step: Run one engine step, keeping the guarantees of this module's docstring, and return its ``StepOutput``. Yours to write; stuck? course.hint('ex08') (notebooks/08_serving_loop.ipynb)")

@@ -65,7 +65,7 @@ def _(ex):
 @case(CASES, "statistics: one StepStats per step, describing the engine as the step left it", "StepLoop.run_step",
       "stats.record_step reads the batch, the queue and the KV blocks in use: call it once per step, "
       "after the tokens were appended and finished requests freed their blocks; the prefix-cache "
-      "counts are those of the requests scheduled for the first time (rule 8)")
+      "counts are those of the requests scheduled for the first time (C2)")
 def _(ex):
     trace = [R(f"s{i}", OTHER[: 4 + i], 1 + i % 3, arrival_step=i % 3) for i in range(6)]
     setup = CoreSetup(max_num_seqs=3, max_num_batched_tokens=12)
@@ -116,7 +116,7 @@ def _(ex):
       "the requests in result.failed end with FINISHED_ERROR and their message (finish_requests frees "
       "their blocks); a token drawn for a failed row is not appended; the other rows go on. The executor "
       "returned, so the step's blocks were written: they join the prefix cache before the failed row "
-      "gives them back (rule 2), and a later request with the same prefix finds them")
+      "gives them back (K1), and a later request with the same prefix finds them")
 def _(ex):
     trace = [R("ok", (1, 1, 2), 5), R("nan", (2, 0, 3), 5), R("later", (0, 3), 3, arrival_step=1)]
     setup = CoreSetup(fail_rows={2: ["nan"]}, token_for_failed_rows=True)
@@ -137,7 +137,7 @@ def _(ex):
 
 
 @case(CASES, "Ctrl-C in the middle of a step: the step's requests end, the interrupt goes up", "StepLoop.run_step",
-      "a KeyboardInterrupt is not an Exception: clean up exactly as for an error (rule 3), record the "
+      "a KeyboardInterrupt is not an Exception: clean up exactly as for an error (F2), record the "
       "step, then let it go on up")
 def _(ex):
     trace = [R("a", (1, 2, 3, 0), 4), R("b", (0, 1), 4, arrival_step=1)]
