@@ -9,8 +9,9 @@ A policy answers three questions for the scheduler (``minivllm.core.scheduler``)
   of a running one?
 
 ``"fcfs"`` (first come, first served; never preempts for an admission) and ``"priority"``
-(vLLM's: lower ``Request.priority`` first, ties by arrival; a more important arrival preempts
-the least important running request) are built in; any object with these three methods and a
+(lower ``Request.priority`` first, ties by arrival, as in vLLM; a more important arrival
+preempts the least important running request, as vLLM V0 did: V1 lets no waiting request push
+a running one out, and preempts only when a running request cannot grow) are built in; any object with these three methods and a
 ``name`` can be passed as ``scheduling_policy=`` to ``LLM`` or ``Simulator``.
 """
 
