@@ -154,10 +154,18 @@ TABLES: dict[str, tuple[Row, ...]] = {
             (Ref("vllm/config/speculative.py", ("SpeculativeConfig",),
                  ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")),
              Ref("vllm/engine/arg_utils.py", (), ("--speculative-config",)))),
-        Row("n-gram lookup (`minivllm/spec_decode/ngram.py`)",
+        Row("n-gram lookup (`minivllm/spec_decode/ngram.py`): n-grams of `prompt_lookup_max = 4` down "
+            "to `prompt_lookup_min = 1` tokens, the longest that recurs, copied after its most recent "
+            "occurrence",
             "`NgramProposer` in `vllm/v1/spec_decode/ngram_proposer.py` (prompt lookup over the request's "
-            "own tokens, on the CPU)",
-            (Ref("vllm/v1/spec_decode/ngram_proposer.py", ("NgramProposer",)),)),
+            "own tokens, on the CPU): the longest n-gram that recurs, copied after its earliest "
+            "occurrence (`_find_longest_matched_ngram_and_propose_tokens`); with neither bound given, "
+            "`SpeculativeConfig` in `vllm/config/speculative.py` sets `prompt_lookup_min = "
+            "prompt_lookup_max = 5`",
+            (Ref("vllm/v1/spec_decode/ngram_proposer.py", ("NgramProposer",),
+                 ("_find_longest_matched_ngram_and_propose_tokens",)),
+             Ref("vllm/config/speculative.py", ("SpeculativeConfig",),
+                 ("self.prompt_lookup_min = 5", "self.prompt_lookup_max = 5")))),
         Row("a draft model (`minivllm/spec_decode/draft_model.py`)",
             "`DraftModelProposer` in `vllm/v1/spec_decode/draft_model.py`, built on `EagleProposer` "
             "(`vllm/v1/spec_decode/eagle.py`): EAGLE's drafting head reads the target's hidden states "
@@ -180,10 +188,13 @@ TABLES: dict[str, tuple[Row, ...]] = {
             "by the next step",
             (Ref("vllm/v1/core/sched/scheduler.py", ("Scheduler.update_from_output",),
                  ("num_computed_tokens -= num_rejected",)),)),
-        Row("`kv_cache_dtype=\"int8\"`",
+        Row("`kv_cache_dtype=\"int8\"`: int8 codes and a float32 scale per token and KV head",
             "`CacheConfig.cache_dtype` in `vllm/config/cache.py` (`--kv-cache-dtype`): 8-bit KV as "
-            "`fp8` (`fp8_e4m3`, `fp8_e5m2`) with scales for K and V",
-            (Ref("vllm/config/cache.py", ("CacheConfig",), ("cache_dtype", "fp8_e4m3", "fp8_e5m2")),
+            "`fp8` (`fp8_e4m3`, `fp8_e5m2`) with one scale per tensor for K and one for V, or with a "
+            "scale per token and KV head like minivllm's, `int8_per_token_head` and "
+            "`fp8_per_token_head`",
+            (Ref("vllm/config/cache.py", ("CacheConfig",),
+                 ("cache_dtype", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")),
              Ref("vllm/engine/arg_utils.py", (), ("--kv-cache-dtype",)))),
     ),
 }
