@@ -92,7 +92,7 @@ def load(name: str, solutions: bool | None = None, root: Path | None = None) -> 
             fix = f"this copy of the course has no reference solution for {name}"
         else:
             fix = "this copy of the course has no reference solutions"
-        raise FileNotFoundError(f"{path} does not exist; {fix}")
+        raise CourseFileMissing(f"{path} does not exist; {fix}")
     return load_path(path, name, folder)
 
 
