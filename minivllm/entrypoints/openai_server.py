@@ -119,6 +119,10 @@ class OpenAIServer:
             texts, prompts = [], []
             raw_prompts = req.prompts()
             for i, p in enumerate(raw_prompts):
+                if isinstance(p, str) and not p:  # as vllm serve: no text, nothing to continue
+                    raise api.InvalidRequestError(
+                        f"{'the prompt' if len(raw_prompts) == 1 else f'prompt {i}'} is empty: "
+                        "give at least one character or token id", "prompt")
                 if isinstance(p, str) and llm.tokenizer is not None:
                     api.check_text(p, "prompt", "the prompt" if len(raw_prompts) == 1 else f"prompt {i}",
                                    self.prompt_char_limit)

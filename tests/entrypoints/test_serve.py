@@ -336,6 +336,8 @@ BAD_BODIES = [
     ("completions", {"prompt": [5] * 2048, "max_tokens": 1}, "prompt", "2048"),
     ("completions", {"prompt": [5, 99999]}, "prompt", "[0, 1976)"),
     ("completions", {"prompt": []}, "prompt", "empty"),
+    ("completions", {"prompt": ""}, "prompt", "empty"),
+    ("completions", {"prompt": ["x", ""]}, "prompt", "prompt 1 is empty"),
     ("completions", {"prompt": "x", "stop": [""]}, "stop", "non-empty"),
     ("completions", {"prompt": "x", "min_tokens": 5, "max_tokens": 2}, "min_tokens", "max_tokens=2"),
     ("completions", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
