@@ -19,7 +19,8 @@ Two ways to use a problem:
   (fresh copies of the cache *before* the step) with ``query``, ``key``, ``value`` and ``meta``;
   compare its output with ``expected`` on ``real_rows``, its caches with ``k_cache_after``;
 * a kernel that only reads (paged decode, paged prefill): ``caches(after=True)`` holds every
-  sequence's K/V, the new tokens' included.
+  sequence's K/V, the new tokens' included. :func:`kernel_problem` builds a decode step as the
+  decode kernels' checks do, and :func:`kernel_inputs` hands it to a decode kernel.
 
 :func:`int8_problem` turns a problem into the same step over an 8-bit cache (``kv_quant.py``):
 owned slots quantised, every other slot random codes with a NaN (or inf) scale, and the answer
@@ -276,6 +277,22 @@ def _shareable_blocks(len_a: int, len_b: int, wanted: int, block_size: int) -> i
 def decode_problem(seq_lens: list[int], **kwargs) -> PagedProblem:
     """A decode step: one new token per sequence, at position ``seq_len - 1``."""
     return make_paged_problem([Seq(new=1, context=n - 1) for n in seq_lens], **kwargs)
+
+
+def kernel_problem(seq_lens: list[int], **kwargs) -> PagedProblem:
+    """A decode step as the decode kernels' checks build it: float32 (the kernels' arithmetic)
+    and two NaN guard blocks on each side of the cache; ``kwargs`` go to
+    :func:`make_paged_problem` (``share``, ``rising_scores``, ``dtype``, ...)."""
+    kwargs.setdefault("dtype", torch.float32)
+    kwargs.setdefault("guard_blocks", 2)
+    return decode_problem(seq_lens, **kwargs)
+
+
+def kernel_inputs(problem: PagedProblem) -> tuple:
+    """``(q, k_cache, v_cache, block_tables, seq_lens, scale)`` for a decode kernel: the cache
+    after the step (a decode kernel only reads; the new token's K/V are stored by then)."""
+    k_cache, v_cache = problem.caches(after=True)
+    return problem.query, k_cache, v_cache, problem.block_tables, problem.seq_lens, problem.scale
 
 
 def reference_attention(

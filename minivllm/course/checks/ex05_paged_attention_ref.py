@@ -36,8 +36,8 @@ from minivllm.attention.testing import PagedProblem, Seq, assert_cache_matches, 
 from minivllm.course.grading import Case, Mismatch, case
 from minivllm.course.harness import TraceRequest, TraceResult, expect_same_tokens, run_trace
 from minivllm.course.runtime import one_cpu_thread
+from minivllm.course.serving import make_llm, serve_trace
 from minivllm.course.work import Work, count_work
-from minivllm.engine.core_client import local_core
 
 CASES: list[Case] = []
 
@@ -299,8 +299,8 @@ def _(ex):
                 "longer sequence's length")
 
 
-@case(CASES, "no K/V copied per query head, for decodes and for chunks: 16 query heads over 2 KV heads "
-      "against 2 over 2", BACKEND,
+@case(CASES, "no K/V copied per query head (decodes, chunks): 16 heads over 2 KV heads vs 2 over 2",
+      BACKEND,
       "view the query heads as [KVH, H // KVH] and let each KV head meet its group in one product, on "
       "both paths; repeat_interleave (or expand then reshape) on K or V is the copy")
 def _(ex):
@@ -318,15 +318,10 @@ def _(ex):
 
 
 # --- the backend inside the engine ---------------------------------------------------------------
-STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
-         "Every morning she walked to the water and looked at the fish. One day she saw a big bird "
-         "on a rock by the water.")  # 48 tokens
-ENGINE_ARGS = dict(dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_blocks=8,
-                   max_num_batched_tokens=32)
+# The trace (minivllm.course.serving, which notebook 05 runs too), and static batching's.
 STATIC_ARGS = dict(scheduler="static", dtype="float32", max_model_len=128, max_num_seqs=3, num_kv_blocks=32)
 STATIC_PROMPTS = ["Once upon a time", "The little fox went to the river to drink", "Tom smiled",
                   "A small bird sat on a branch and sang a song", "Mia had a red ball"]
-MAX_TOKENS = 16
 
 
 class Recorded:
@@ -348,41 +343,6 @@ class Recorded:
     def reraise(self) -> None:
         if self.error is not None:
             raise self.error
-
-
-def make_llm(backend=None, poisoned: bool = False, **engine_args):
-    """The tiny model with ``backend`` (``None``: minivllm's own ``"torch"``), ``debug_checks``
-    on; ``poisoned``: every slot of every layer's cache NaN before the first step."""
-    from minivllm import LLM
-
-    llm = LLM(attention_backend="torch" if backend is None else backend, debug_checks=True, **engine_args)
-    if poisoned:
-        for k_cache, v_cache in local_core(llm).executor.kv_caches:
-            k_cache.fill_(float("nan"))
-            v_cache.fill_(float("nan"))
-    return llm
-
-
-def serve_trace(backend=None, poisoned: bool = False) -> TraceResult:
-    """Four greedy requests on a pool of 8 blocks of 16 tokens, 32 tokens per step at most.
-
-    ``long`` (44 tokens) is prefilled in two chunks, 32 then 12, the second next to ``short``.
-    Before step 3 ``shared`` arrives with the same first 32 tokens plus its own: a prefix-cache
-    hit of two blocks, so its first step is a chunk after 32 cached tokens, in a step with
-    decodes; ``tom`` arrives with it. The four cannot all fit in 8 blocks: one is preempted and
-    recomputed, in blocks another request left behind. ``backend=None``: minivllm's own.
-    """
-    with one_cpu_thread():
-        llm = make_llm(backend, poisoned, **ENGINE_ARGS)
-        tokenize = llm.engine.tokenizer.encode
-        story = tokenize(STORY)
-        trace = [
-            TraceRequest("long", story[:44], MAX_TOKENS),
-            TraceRequest("short", tokenize("The little fox"), MAX_TOKENS),
-            TraceRequest("shared", story[:32] + tokenize(" and then she saw a big bird"), MAX_TOKENS, 3),
-            TraceRequest("tom", tokenize("Tom went to the market with his mother and"), MAX_TOKENS, 3),
-        ]
-        return run_trace(llm, trace)
 
 
 def serve_static(backend=None, poisoned: bool = False) -> TraceResult:

@@ -1,47 +1,35 @@
 """Cases for ex06_triton_kernel: five kernels, each against float64 SDPA, then the last one inside
 the engine.
 
-Every problem is a decode step from :func:`minivllm.attention.testing.decode_problem` (the
-kernels' shared fixture): each sequence's K/V drawn as contiguous tensors, scattered into a paged
-cache through shuffled block tables, every slot no sequence owns holding NaN, and the cache a
+Every problem is a float32 decode step from :func:`minivllm.attention.testing.kernel_problem`
+(the kernels' shared fixture): each sequence's K/V drawn as contiguous tensors, scattered into a
+paged cache through shuffled block tables, every slot no sequence owns holding NaN, and the cache a
 window into a buffer with NaN guard blocks on each side, so a kernel that reads a slot it should
 not (past a sequence's end, through the wrong block, past the last head dimension) produces NaN
 rather than an almost-right number, and never reads memory outside the buffer. The answer is
 ``scaled_dot_product_attention`` in float64 on the contiguous tensors.
 
 The last case serves the tiny model with the student's backend and compares its greedy tokens
-with those of minivllm's own backend, on prompts that cover a block boundary and a prefix-cache
-hit. The Triton interpreter is slow (milliseconds per program and block), so every shape here
-is small.
+with those of minivllm's own backend (:func:`minivllm.course.serving.serve_tiny_model`), on
+prompts that cover a block boundary and a prefix-cache hit. The Triton interpreter is slow
+(milliseconds per program and block), so every shape here is small.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from minivllm.attention.testing import PagedProblem, assert_matches_reference, decode_problem
+from minivllm.attention.testing import (
+    PagedProblem,
+    assert_matches_reference,
+    kernel_inputs,
+    kernel_problem,
+)
 from minivllm.course.grading import Case, Mismatch, case
-from minivllm.course.harness import TraceRequest, expect_same_tokens, run_trace
-from minivllm.course.runtime import one_cpu_thread
+from minivllm.course.harness import expect_same_tokens
+from minivllm.course.serving import serve_tiny_model
 
 CASES: list[Case] = []
-GUARD_BLOCKS = 2  # NaN blocks on each side of the cache, inside the same buffer
-
-
-def make_problem(seq_lens: list[int], **kwargs) -> PagedProblem:
-    """A decode step in float32 (the kernels' arithmetic) with NaN guard blocks; ``kwargs`` go to
-    :func:`minivllm.attention.testing.make_paged_problem` (``share``, ``rising_scores``, ...)."""
-    kwargs.setdefault("guard_blocks", GUARD_BLOCKS)
-    return decode_problem(seq_lens, dtype=torch.float32, **kwargs)
-
-
-def kernel_inputs(problem: PagedProblem) -> tuple:
-    """``(q, k_cache, v_cache, block_tables, seq_lens, scale)``: the cache after the step (a
-    decode kernel only reads; the new token's K/V are stored by then)."""
-    k_cache, v_cache = problem.caches(after=True)
-    return problem.query, k_cache, v_cache, problem.block_tables, problem.seq_lens, problem.scale
 
 
 def expect_attention(attend, problem: PagedProblem, note: str = "", **kwargs) -> None:
@@ -83,13 +71,13 @@ LOAD = "load_block_kernel"
 @case(CASES, "blocks of a shuffled pool: lengths 1, 15, 16, 17, 33, two KV heads", LOAD,
       "logical block j of sequence i is physical block block_tables[i, j]; the last is partial")
 def _(ex):
-    expect_blocks(ex, make_problem([1, 15, 16, 17, 33], seed=1))
+    expect_blocks(ex, kernel_problem([1, 15, 16, 17, 33], seed=1))
 
 
 @case(CASES, "head_dim 40 (tile 64), block size 32, four KV heads", LOAD,
       "mask the columns past head_dim, and take every stride from the cache")
 def _(ex):
-    expect_blocks(ex, make_problem([31, 32, 65], head_dim=40, block_size=32, num_heads=8,
+    expect_blocks(ex, kernel_problem([31, 32, 65], head_dim=40, block_size=32, num_heads=8,
                                    num_kv_heads=4, seed=2))
 
 
@@ -100,13 +88,13 @@ WHOLE = "attend_whole_kernel"
 @case(CASES, "one query per head over whole sequences: lengths 1, 17, 40, 6 heads over 2", WHOLE,
       "look each position's block up in the table: block_tables[i, p // block_size]")
 def _(ex):
-    expect_attention(ex.attend_whole, make_problem([1, 17, 40], seed=3))
+    expect_attention(ex.attend_whole, kernel_problem([1, 17, 40], seed=3))
 
 
 @case(CASES, "head_dim 40, block size 32, softmax scale 0.3, a shared prefix", WHOLE,
       "multiply the scores by `scale`; several tables may name one physical block")
 def _(ex):
-    problem = make_problem([33, 50], head_dim=40, block_size=32, scale=0.3, share={1: (0, 1)}, seed=4)
+    problem = kernel_problem([33, 50], head_dim=40, block_size=32, scale=0.3, share={1: (0, 1)}, seed=4)
     expect_attention(ex.attend_whole, problem)
 
 
@@ -117,13 +105,13 @@ BLOCKS = "attend_blocks_kernel"
 @case(CASES, "block by block: lengths 15, 16, 17, 33 and 70", BLOCKS,
       "after each block the state must describe every token up to the end of that block")
 def _(ex):
-    expect_attention(ex.attend_by_blocks, make_problem([15, 16, 17, 33, 70], seed=5))
+    expect_attention(ex.attend_by_blocks, kernel_problem([15, 16, 17, 33, 70], seed=5))
 
 
 @case(CASES, "the running maximum rises from block to block", BLOCKS,
       "when the maximum grows, what the sums hold so far must be rescaled by exp(m_old - m_new)")
 def _(ex):
-    expect_attention(ex.attend_by_blocks, make_problem([70, 33], rising_scores=8.0, seed=6))
+    expect_attention(ex.attend_by_blocks, kernel_problem([70, 33], rising_scores=8.0, seed=6))
 
 
 # --- 4. split-KV and its reduction --------------------------------------------------------------------
@@ -163,7 +151,7 @@ def expect_split(ex, problem: PagedProblem, num_splits: int, note: str = "") -> 
 @case(CASES, "split-KV: 2 and 3 splits over 100, 45 and 70 tokens, a rising maximum", SPLIT,
       "each split returns softmax over its own range and log(sum of exp(score)) of that range")
 def _(ex):
-    problem = make_problem([100, 45, 70], num_heads=4, rising_scores=6.0, seed=7)
+    problem = kernel_problem([100, 45, 70], num_heads=4, rising_scores=6.0, seed=7)
     for splits in (2, 3):
         expect_split(ex, problem, splits)
 
@@ -171,14 +159,14 @@ def _(ex):
 @case(CASES, "split-KV with empty splits: 7 splits over 1, 20 and 100 tokens", SPLIT,
       "a split past the sequence's end has no keys: log-sum-exp -inf, weight 0, and no NaN")
 def _(ex):
-    expect_split(ex, make_problem([1, 20, 100], num_heads=4, seed=8), 7)
+    expect_split(ex, kernel_problem([1, 20, 100], num_heads=4, seed=8), 7)
 
 
 @case(CASES, "the reduction: one split equals the plain answer; splits with very different masses",
       "merge_kernel", "weight each split's answer by exp(lse - largest lse); not a plain average")
 def _(ex):
-    expect_split(ex, make_problem([40, 9], seed=9), 1, "1 split")
-    problem = make_problem([96, 64], num_heads=4, rising_scores=12.0, seed=10)
+    expect_split(ex, kernel_problem([40, 9], seed=9), 1, "1 split")
+    problem = kernel_problem([96, 64], num_heads=4, rising_scores=12.0, seed=10)
     expect_split(ex, problem, 4, "4 splits, rising scores")
 
 
@@ -188,26 +176,26 @@ KERNEL = "paged_decode_kernel"
 
 @case(CASES, "one sequence of one token", KERNEL, "with one key, the output is that key's value")
 def _(ex):
-    expect_attention(ex.paged_decode, make_problem([1], seed=11))
+    expect_attention(ex.paged_decode, kernel_problem([1], seed=11))
 
 
 @case(CASES, "lengths at block boundaries: 15, 16, 17, 32, 33", KERNEL,
       "the last block is usually partial: positions >= seq_len are not part of the sequence")
 def _(ex):
-    expect_attention(ex.paged_decode, make_problem([15, 16, 17, 32, 33], seed=12))
+    expect_attention(ex.paged_decode, kernel_problem([15, 16, 17, 32, 33], seed=12))
 
 
 @case(CASES, "ragged lengths over a shuffled block pool", KERNEL,
       "logical block j of a sequence lives in physical block block_tables[seq, j]")
 def _(ex):
-    expect_attention(ex.paged_decode, make_problem([3, 50, 21, 100], seed=13))
+    expect_attention(ex.paged_decode, kernel_problem([3, 50, 21, 100], seed=13))
 
 
 @case(CASES, "grouped-query attention: 6 heads over 2 KV heads; 8 over 2; 4 over 4", KERNEL,
       "all rows of the query tile read the program's KV head")
 def _(ex):
     for seed, (heads, kv_heads) in enumerate([(6, 2), (8, 2), (4, 4)], start=14):
-        problem = make_problem([9, 40], num_heads=heads, num_kv_heads=kv_heads, seed=seed)
+        problem = kernel_problem([9, 40], num_heads=heads, num_kv_heads=kv_heads, seed=seed)
         expect_attention(ex.paged_decode, problem, f"{heads} heads, {kv_heads} KV heads")
 
 
@@ -215,78 +203,28 @@ def _(ex):
       "sequences may point at the same physical blocks; read them, never assume ownership")
 def _(ex):
     # 1 shares 2 blocks with 0 and goes on; 2 is 0's twin (same blocks, same length) with its own query.
-    expect_attention(ex.paged_decode, make_problem([40, 45, 40], share={1: (0, 2), 2: (0, 3)}, seed=17))
+    expect_attention(ex.paged_decode, kernel_problem([40, 45, 40], share={1: (0, 2), 2: (0, 3)}, seed=17))
 
 
 @case(CASES, "the running maximum rises from block to block", KERNEL,
       "when the maximum grows, what denom and acc hold so far must be rescaled by exp(m_old - m_new)")
 def _(ex):
-    expect_attention(ex.paged_decode, make_problem([70, 33], rising_scores=8.0, seed=18))
+    expect_attention(ex.paged_decode, kernel_problem([70, 33], rising_scores=8.0, seed=18))
 
 
 @case(CASES, "head_dim 40 (padded to 64), block size 32, softmax scale 0.3", KERNEL,
       "multiply the scores by `scale`; mask padded head dimensions when loading K and V")
 def _(ex):
-    expect_attention(ex.paged_decode, make_problem([31, 32, 65], head_dim=40, block_size=32, scale=0.3, seed=19))
+    expect_attention(ex.paged_decode, kernel_problem([31, 32, 65], head_dim=40, block_size=32, scale=0.3, seed=19))
 
 
 # --- the kernel inside the engine --------------------------------------------------------------
-@dataclass
-class Served:
-    """One request served by the engine."""
-
-    prompt_len: int
-    num_cached_tokens: int
-    token_ids: list[int]
-    text: str
-
-
-ENGINE_ARGS = dict(dtype="float32", num_kv_blocks=64, max_model_len=256, max_num_seqs=8)
-STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
-         "Every morning")
-
-
-def make_llm(backend=None, **engine_args):
-    """The tiny model with minivllm's own attention backend (``backend=None``) or with
-    ``backend``, any object with ``name`` and ``forward(query, key, value, k_cache, v_cache,
-    meta, scale)``."""
-    from minivllm import LLM
-
-    args = {**ENGINE_ARGS, **engine_args}
-    if backend is None:
-        return LLM(**args)
-    return LLM(attention_backend=backend, **args)
-
-
-def serve_tiny_model(backend=None, max_tokens: int = 16) -> dict[str, Served]:
-    """Serve three greedy requests and return what each produced.
-
-    ``boundary`` has a 16-token prompt (exactly one block, so its first decode token opens a
-    new block) and ``short`` a 4-token one; both are prefilled in the first step. ``shared``
-    then arrives with ``boundary``'s 16 tokens plus more: its first block is a prefix-cache hit.
-    The second step mixes the rest of that prompt with two decodes; every later step is
-    decode-only, so the backend's kernel serves all but the first two steps.
-    """
-    with one_cpu_thread():
-        llm = make_llm(backend)
-        tokenize = llm.engine.tokenizer.encode
-        story = tokenize(STORY)
-        trace = [
-            TraceRequest("boundary", story[:16], max_tokens),
-            TraceRequest("short", tokenize("The little fox"), max_tokens),
-            TraceRequest("shared", story[:16] + tokenize(" and then she saw a bird"), max_tokens, arrival_step=1),
-        ]
-        run = run_trace(llm, trace)
-    return {r.request_id: Served(r.prompt_len, run.cached[r.request_id], run.tokens[r.request_id],
-                                 run.texts[r.request_id]) for r in sorted(trace, key=lambda r: r.request_id)}
-
-
 @case(CASES, "served by the engine: the tiny model's greedy tokens equal minivllm's", KERNEL,
       "pass the kernel cases above first; the engine only calls paged_decode through your backend")
 def _(ex):
     # A quick probe first, so that a wrong kernel fails here in a second instead of after a
     # whole served trace.
-    expect_attention(ex.paged_decode, make_problem([40, 17], rising_scores=4.0, seed=20), "probe before serving")
+    expect_attention(ex.paged_decode, kernel_problem([40, 17], rising_scores=4.0, seed=20), "probe before serving")
     expected = serve_tiny_model()
     backend = ex.PagedDecodeBackend()
     got = serve_tiny_model(backend)
