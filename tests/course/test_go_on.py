@@ -69,6 +69,7 @@ def test_working_gives_back_the_students_module_when_nothing_can_stand_in(tmp_pa
     source = (course.course_root() / "exercises" / "ex10_costs.py").read_text()
     (tmp_path / "exercises" / "ex10_costs.py").write_text(source)
     monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(tmp_path))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)  # the student's file, whatever the run grades
     assert not course.has_solutions()
     ex = course.load("ex10_costs")
     assert course.working(ex) is ex
