@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minivllm.transfer import flatten_table, to_device
+
 
 @dataclass
 class AttentionMetadata:
@@ -81,7 +83,8 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
     ) -> AttentionMetadata:
-        """Build the tensors from plain lists (what the model runner has in hand); the length
+        """Build the tensors from plain lists (what the model runner has in hand), in one copy
+        to ``device`` that does not block (:func:`minivllm.transfer.to_device`); the length
         lists are kept as they are for backends that plan on the host."""
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise ValueError(
@@ -95,15 +98,14 @@ class AttentionMetadata:
         # own blocks; those rows point at block 0 and their results are discarded)
         max_seq = max(seq_lens, default=0)
         width = max(max((len(t) for t in block_tables), default=0), -(-max_seq // block_size), 1)
-        table = torch.zeros((len(block_tables), width), dtype=torch.int32)
-        for i, row in enumerate(block_tables):
-            if row:
-                table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        slots_t, starts_t, seq_lens_t, table = to_device(
+            [(slot_mapping, torch.int64), (starts, torch.int32), (seq_lens, torch.int32),
+             (flatten_table(block_tables, width), torch.int32)], device)
         return cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=table.to(device),
+            slot_mapping=slots_t,
+            query_start_loc=starts_t,
+            seq_lens=seq_lens_t,
+            block_tables=table.view(len(block_tables), width),
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
             block_size=block_size,

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from minivllm.attention.cache_ops import gather_blocks, gather_slots, owned_slots, store_kv
 from minivllm.attention.kv_quant import as_cached, check_cache_dtype, read_rows
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.transfer import to_device
 from minivllm.withheld import check_available
 
 
@@ -161,12 +162,13 @@ def _decode_rows(
     length = max(lens)
     num_blocks = -(-length // meta.block_size)
     if all_rows and seqs == list(range(len(seqs))):  # decode only, one bucket: sequence i is row i
+        (lens_t,) = to_device([(lens, torch.long)], device)
         rows, tables = None, meta.block_tables[:, :num_blocks]
-    else:
-        first = torch.tensor(token_rows, dtype=torch.long, device=device)
+    else:  # one copy to the device for the bucket's row numbers, sequences and lengths
+        first, seq_index, lens_t = to_device([(token_rows, torch.long), (seqs, torch.long), (lens, torch.long)],
+                                             device)
         rows = (first[:, None] + torch.arange(query_len, device=device)).reshape(-1)
-        tables = meta.block_tables[torch.tensor(seqs, device=meta.block_tables.device), :num_blocks]
-    lens_t = torch.tensor(lens, device=device)
+        tables = meta.block_tables[seq_index, :num_blocks]
     positions = torch.arange(length, device=device)
     readable = positions[None, :] < lens_t[:, None]
     key_slots = owned_slots(tables, readable, meta.block_size)

@@ -25,6 +25,7 @@ from minivllm.model.llama import LlamaFamilyModel
 from minivllm.request import Request
 from minivllm.sample.sampler import Sampler, compute_logprobs
 from minivllm.spec_decode.decoder import SpeculativeDecoder
+from minivllm.transfer import select_rows, to_device
 
 
 class ModelRunner:
@@ -80,8 +81,7 @@ class ModelRunner:
             query_lens.append(n + pad)
             seq_lens.append(start + n + pad)
         meta = AttentionMetadata.build(query_lens, seq_lens, out.block_ids, slots, bs, self.device)
-        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        ids_t, pos_t = to_device([(input_ids, torch.long), (positions, torch.long)], self.device)
         return ids_t, pos_t, meta, last_rows
 
     @torch.inference_mode()
@@ -128,7 +128,7 @@ class ModelRunner:
                      result: ModelRunnerOutput) -> None:
         """One token for each of ``sampling`` from its row (and for the siblings in ``out.forks``,
         each from its leader's row with its own settings)."""
-        logits = self.model.compute_logits(hidden[rows]).float()
+        logits = self.model.compute_logits(select_rows(hidden, rows)).float()
         if out.forks:  # parallel sampling: siblings draw from their leader's row
             extra_rows, extra = [], []
             for i, req in enumerate(sampling):
@@ -152,7 +152,7 @@ class ModelRunner:
         rows = [r for _, drafts, last in verifying for r in range(last - len(drafts), last + 1)]
         entries = [(req, drafts) for req, drafts, _ in verifying]
         try:
-            logits = self.model.compute_logits(hidden[rows])
+            logits = self.model.compute_logits(select_rows(hidden, rows))
             emitted, failed = self.speculative.verify(logits, entries)
         except Exception as err:  # noqa: BLE001 - these requests' own failure
             emitted, failed = {}, {req.request_id: _describe(err) for req, _ in entries}

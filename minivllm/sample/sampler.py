@@ -31,6 +31,7 @@ import torch
 
 from minivllm.core.interfaces import Logprobs
 from minivllm.request import Request
+from minivllm.transfer import to_device
 
 TARGET_STREAM = 0  # the target model's draws: its samples, a verification's numbers
 DRAFT_STREAM = 0x5DEECE66D  # a draft model's draws, independent of the target's
@@ -107,15 +108,16 @@ class Sampler:
     def filter_logits(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """Apply temperature, top-k and top-p to ``logits [N, V]`` (float32)."""
         params = [r.sampling_params for r in requests]
-        dev = logits.device
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype, device=dev)
+        # the rows' settings reach the device in one copy that does not block
+        temps, top_k, top_p = to_device([([1.0 if p.greedy else p.temperature for p in params], logits.dtype),
+                                         ([p.top_k for p in params], torch.long),
+                                         ([p.top_p for p in params], logits.dtype)], logits.device)
         logits = logits / temps[:, None]
         if any(p.top_k > 0 for p in params):
             vocab = logits.shape[-1]
             widest = max(min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params)
-            logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev), widest)
+            logits = apply_top_k(logits, top_k, widest)
         if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=dev)
             logits = apply_top_p(logits, top_p)
         return logits
 
@@ -131,7 +133,7 @@ class Sampler:
         probs = greedy_probs(logits)
         if not all(greedy):
             rows = [i for i, g in enumerate(greedy) if not g]
-            index = torch.tensor(rows, device=logits.device)
+            (index,) = to_device([(rows, torch.long)], logits.device)
             probs[index] = self.filter_logits(logits[index], [requests[i] for i in rows]).softmax(dim=-1)
         return probs
 
@@ -187,22 +189,19 @@ class Sampler:
         ``failed`` maps a row index to why it could not be sampled (its token is then -1)."""
         logits = logits.float()
         self.mask_early_stops(logits, requests)
-        failed: dict[int, str] = {}
-        if not bool(torch.isfinite(logits).all()):  # rare (or -inf from min_tokens): look closer
-            bad = unusable_rows(logits)
-            for i in bad.nonzero().flatten().tolist():
-                failed[i] = "the model produced non-finite logits (NaN or inf) for this request"
-            logits = logits.masked_fill(bad[:, None], 0.0)
+        # a row with NaN or +inf, or nothing finite, cannot be sampled: it comes back as -1
+        # (rows are independent, so the others are drawn as if it were not there)
+        bad = unusable_rows(logits)
         tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
-            rows = torch.tensor(sampled_rows, device=logits.device)
+            (rows,) = to_device([(sampled_rows, torch.long)], logits.device)
             sub = [requests[i] for i in sampled_rows]
-            probs = self.filter_logits(logits[rows], sub).softmax(dim=-1)
-            tokens[rows] = (probs / self.exponential(probs, sub)).argmax(dim=-1)
-        out = tokens.tolist()
-        for i in failed:
-            out[i] = -1
+            probs = self.filter_logits(logits.index_select(0, rows), sub).softmax(dim=-1)
+            tokens.index_copy_(0, rows, (probs / self.exponential(probs, sub)).argmax(dim=-1))
+        out = tokens.masked_fill(bad, -1).tolist()  # the step's one read back to the host
+        failed = {i: "the model produced non-finite logits (NaN or inf) for this request"
+                  for i, token in enumerate(out) if token == -1}
         return out, failed
 
 

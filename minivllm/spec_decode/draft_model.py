@@ -32,6 +32,7 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.request import Request
 from minivllm.sample.sampler import DRAFT_STREAM, Sampler
+from minivllm.transfer import select_rows, to_device
 
 
 @dataclass
@@ -89,11 +90,10 @@ class DraftModelProposer:
                 seq_lens.append(start + len(feed))
                 tables.append(it.block_ids)
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots, bs, self.device)
-            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+            last_rows = [end - 1 for end in itertools.accumulate(query_lens)]
+            ids_t, pos_t = to_device([(input_ids, torch.long), (positions, torch.long)], self.device)
             hidden = self.model(ids_t, pos_t, meta)
-            last = torch.tensor(list(itertools.accumulate(query_lens)), device=self.device) - 1
-            logits = self.model.compute_logits(hidden[last]).float()
+            logits = self.model.compute_logits(select_rows(hidden, last_rows)).float()
             requests = [it.request for it in active]
             # row i proposes output token number num_output_tokens + offsets[i] of its request
             offsets = [len(it.token_ids) - it.request.num_tokens + step for it in active]

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.transfer import HOST
+
 
 def propose_ngram(token_ids: list[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
     """Up to ``k`` draft tokens that continue ``token_ids``; ``[]`` when no n-gram recurs."""
     length = len(token_ids)
     if k <= 0 or length < min_n + 1:
         return []
-    tokens = torch.tensor(token_ids, dtype=torch.long)
+    tokens = torch.tensor(token_ids, dtype=torch.long, device=HOST)  # searched on the host
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         pattern = tokens[length - n :]
         # windows starting at 0 .. length - n - 1: every occurrence that has a token after it

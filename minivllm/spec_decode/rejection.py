@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.transfer import to_device
 from minivllm.withheld import check_available
 
 
@@ -53,7 +54,7 @@ def verify(
         flat.append(-1)  # the bonus row proposes nothing
     if len(flat) != num_rows:
         raise ValueError(f"{num_rows} target rows for {len(draft_tokens)} requests with {len(flat)} rows in all")
-    proposed = torch.tensor(flat, dtype=torch.long, device=device)
+    (proposed,) = to_device([(flat, torch.long)], device)
     has_draft = proposed >= 0
     index = proposed.clamp(min=0)[:, None]
     p_draft = target_probs.gather(1, index).squeeze(1)
@@ -68,11 +69,10 @@ def verify(
     # the bonus row draws from p itself; a residual with no mass left (p == q) falls back to p
     residual = torch.where(has_draft[:, None], residual, target_probs)
     empty = residual.sum(dim=1) <= 0
-    if bool(empty.any()):
-        residual[empty] = target_probs[empty]
+    residual = torch.where(empty[:, None], target_probs, residual)
     # a token of weight 0 never wins the race, even against an exact 0 of noise (0 / 0 is NaN)
     emitted_if_stop = torch.where(residual > 0, residual / noise, -1.0).argmax(dim=1)
-    accept_l, stop_l = accept.tolist(), emitted_if_stop.tolist()
+    accept_l, stop_l = torch.stack([accept.long(), emitted_if_stop]).tolist()  # one read back
     out = []
     for start, drafts in zip(starts, draft_tokens, strict=True):
         a = 0

@@ -151,3 +151,36 @@ def test_speculative_decoding_keeps_the_greedy_tokens(prompts, method, kv_cache_
             print(f"{method}, {kv_cache_dtype} cache on {DEVICE}: acceptance {summary['spec_acceptance_rate']:.3f}, "
                   f"{summary['output_tokens_per_step']:.2f} tokens per step")
     assert runs[False] == runs[True]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_decode_step_synchronises_within_its_budget_on_the_gpu(backend, prompts):
+    """The GPU's own count of what ``tests/engine/test_host_syncs.py`` counts on the CPU: with
+    ``torch.cuda.set_sync_debug_mode("warn")`` every synchronising CUDA call of a decode step
+    warns once. Printed per backend; held to the same budget as the CPU count."""
+    import warnings
+
+    from minivllm.engine.host_syncs import DECODE_SYNC_BUDGET
+
+    if not str(DEVICE).startswith("cuda"):
+        pytest.skip("counts CUDA synchronisations")
+    llm = LLM(attention_backend=backend, device=DEVICE, dtype="float32", **SETUP)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for i, prompt in enumerate(prompts[:4]):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    for _ in range(3):  # the prompts, then decodes
+        engine.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    print(f"{backend}: {len(syncs)} synchronising CUDA calls in a decode step of 4 requests")
+    for text in syncs:
+        print("   ", text.splitlines()[0][:160])
+    assert len(syncs) <= DECODE_SYNC_BUDGET, syncs
