@@ -191,7 +191,7 @@ class Sampler:
         self.mask_early_stops(logits, requests)
         # a row with NaN or +inf, or nothing finite, cannot be sampled: it comes back as -1
         # (rows are independent, so the others are drawn as if it were not there)
-        bad = unusable_rows(logits)
+        bad = ~torch.isfinite(logits.amax(dim=-1))  # a NaN or +inf is the max; so is -inf when nothing is finite
         tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
