@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from minivllm import TINY_DRAFT_MODEL_DIR, LLM, SamplingParams
+from minivllm import LLM, TINY_DRAFT_MODEL_DIR, SamplingParams
 from minivllm.engine.core_client import local_core
 from minivllm.engine.host_syncs import HostSyncCounter, step_kind
 
