@@ -29,6 +29,7 @@ recomputed from the dequantised K/V.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -416,3 +417,54 @@ def int8_problem(problem: PagedProblem, unowned_scale: float = float("nan"), see
     expected = reference_attention(problem.seqs, queries, keys, values, problem.scale)
     return dataclasses.replace(problem, expected=expected, keys=keys, values=values,
                                buffers_before=before, buffers_after=after)
+
+
+# --- what a kernel reads, under Triton's interpreter -------------------------------------------------
+@dataclass
+class KernelTraffic:
+    """What the kernels launched inside :func:`interpreter_traffic` did: ``loaded[name]``, the
+    elements loaded from the named tensor (masked-off lanes not counted; each load of an element
+    counted again); ``dots``, the ``tl.dot`` calls."""
+
+    loaded: dict[str, int]
+    dots: int = 0
+
+
+@contextlib.contextmanager
+def interpreter_traffic(**tensors: torch.Tensor):
+    """``with interpreter_traffic(k_cache=k, v_cache=v) as traffic: kernel[grid](...)``: count,
+    by address, the elements every load of a kernel takes from each tensor, and its
+    ``tl.dot`` calls -- what shows whether a kernel reads each block once and multiplies with
+    the tensor cores' operation. Only Triton's interpreter (``TRITON_INTERPRET=1``) runs a
+    kernel's loads as Python, so elsewhere it yields ``None`` and counts nothing.
+
+    It wraps the interpreter's builder for the duration (the interpreter offers no hook for
+    this) and restores it on the way out, an exception included."""
+    from minivllm.attention.triton_env import triton_mode
+
+    if triton_mode() != "interpreted":
+        yield None
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    spans = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in tensors.items()}
+    traffic = KernelTraffic({name: 0 for name in tensors})
+    load, dot = builder.create_masked_load, builder.create_dot
+
+    def counted_load(ptrs, mask, *args, **kwargs):
+        addresses, on = np.asarray(ptrs.data), np.asarray(mask.data, dtype=bool)
+        for name, (lo, hi) in spans.items():
+            traffic.loaded[name] += int(np.count_nonzero(on & (addresses >= lo) & (addresses < hi)))
+        return load(ptrs, mask, *args, **kwargs)
+
+    def counted_dot(*args, **kwargs):
+        traffic.dots += 1
+        return dot(*args, **kwargs)
+
+    builder.create_masked_load, builder.create_dot = counted_load, counted_dot
+    try:
+        yield traffic
+    finally:
+        del builder.create_masked_load, builder.create_dot  # the class's own methods again

@@ -397,6 +397,25 @@ MUTANTS = [
      "acc = acc + tl.sum(p[:, None] * v, axis=0)[None, :]"),
     ("ex06_triton_kernel", "denom = denom * alpha + tl.sum(p, axis=0)", "denom = denom + tl.sum(p, axis=0)"),
     ("ex06_triton_kernel", "        m = m_new\n    result = acc / denom[:, None]\n", "    result = acc / denom[:, None]\n"),
+    # ex06, kernel 3 done in two passes: one over the blocks for the maximum, then the sums (right
+    # numbers, every block of K loaded twice)
+    ("ex06_triton_kernel",
+     "    for logical_block in range(0, tl.cdiv(length, BLOCK_SIZE)):\n        physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n        in_seq",
+     "    for pre_block in range(0, tl.cdiv(length, BLOCK_SIZE)):\n"
+     "        pre_phys = tl.load(block_tables_ptr + seq * stride_bts + pre_block).to(tl.int64)\n"
+     "        pre_in = pre_block * BLOCK_SIZE + slot < length\n"
+     "        pre_k = tl.load(k_cache_ptr + pre_phys * stride_kb + slot_offsets, mask=pre_in[:, None] & d_ok[None, :],"
+     " other=0.0).to(tl.float32)\n"
+     "        m = tl.maximum(m, tl.max(tl.where(pre_in, tl.sum(q * pre_k, axis=1) * scale, float('-inf')), axis=0))\n"
+     "    for logical_block in range(0, tl.cdiv(length, BLOCK_SIZE)):\n        physical = tl.load(block_tables_ptr + seq * stride_bts + logical_block).to(tl.int64)\n        in_seq"),
+    # ex06, kernel 2: exp of the raw scores (overflows above 88)
+    ("ex06_triton_kernel", "e = tl.exp(scores - tl.max(scores, axis=0))", "e = tl.exp(scores)"),
+    # ex06, kernel 5: K loaded twice per block; the weighted values without tl.dot
+    ("ex06_triton_kernel", "        v = tl.load(v_cache_ptr + physical_block * stride_vb",
+     "        k = tl.load(k_cache_ptr + physical_block * stride_kb + k_in_block, mask=kv_mask, other=0.0)\n"
+     "        v = tl.load(v_cache_ptr + physical_block * stride_vb"),
+    ("ex06_triton_kernel", 'acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")',
+     "acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)"),
     # ex06, kernel 4: a split's range one block short; its log-sum-exp without the maximum; an
     # empty split dividing 0 by 0
     ("ex06_triton_kernel", "last = tl.minimum(first + blocks_per_split, ", "last = tl.minimum(first + blocks_per_split - 1, "),

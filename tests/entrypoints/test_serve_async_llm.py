@@ -399,3 +399,36 @@ def test_a_bug_while_handling_outputs_fails_the_callers_and_stops_the_core(loop,
 
     loop.run(main())
     assert served.engine.core_client.proc.wait(30) is not None, "the core process must be gone"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("how", ["raises", "returns"])
+def test_a_script_that_never_shuts_down_ends_quietly(mode, how):
+    """A caller that raises (or just returns) without ``shutdown()``: the interpreter exits with
+    the caller's own status, promptly, and prints nothing of the engine's threads or core
+    process (no "terminate called without an active exception", no traceback but the caller's)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f'''
+        import asyncio
+        from minivllm import SamplingParams
+        from minivllm.entrypoints import AsyncLLM
+
+        async def main():
+            llm = AsyncLLM.from_engine_args(seed=0, engine_core_process={mode == "process"})
+            async for _ in llm.generate("Once upon a time", SamplingParams(max_tokens=4), request_id="a"):
+                pass
+            if {how == "raises"}:
+                raise RuntimeError("the caller's own failure")
+
+        asyncio.run(main())
+    ''')
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == (1 if how == "raises" else 0), out.stderr[-2000:]
+    assert "terminate called" not in out.stderr and "Exception in thread" not in out.stderr, out.stderr[-2000:]
+    if how == "raises":
+        assert out.stderr.rstrip().endswith("RuntimeError: the caller's own failure"), out.stderr[-2000:]
+    else:
+        assert "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -22,6 +22,7 @@ import torch
 from minivllm.attention.testing import (
     PagedProblem,
     assert_matches_reference,
+    interpreter_traffic,
     kernel_inputs,
     kernel_problem,
 )
@@ -39,6 +40,42 @@ def expect_attention(attend, problem: PagedProblem, note: str = "", **kwargs) ->
         assert_matches_reference(got, problem)
     except AssertionError as err:
         raise AssertionError(f"{note}: {err}" if note else str(err)) from None
+
+
+def expect_one_pass(attend, problem: PagedProblem, per: str, note: str, min_dots_per_block: int = 0,
+                    **kwargs) -> None:
+    """``expect_attention``, counting what the kernel loads (under Triton's interpreter): every
+    program (one per query head, ``per="head"``, or per KV head, ``per="kv_head"``) may load
+    each of its sequence's blocks of K and of V once -- at most ``blocks * block_size *
+    head_dim`` elements of each per program -- and, with ``min_dots_per_block``, makes at least
+    that many ``tl.dot`` calls per block it reads. On a GPU only the answer is checked."""
+    inputs = kernel_inputs(problem)
+    _, k_cache, v_cache, *_ = inputs
+    with interpreter_traffic(k_cache=k_cache, v_cache=v_cache) as traffic:
+        got = attend(*inputs, **kwargs)
+    try:
+        assert_matches_reference(got, problem)
+    except AssertionError as err:
+        raise AssertionError(f"{note}: {err}") from None
+    if traffic is None:
+        return
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    programs = problem.query.shape[1] if per == "head" else num_kv_heads
+    blocks = sum(-(-int(n) // block_size) for n in problem.seq_lens) * programs
+    allowed = blocks * block_size * head_dim
+    for name, loaded in traffic.loaded.items():
+        if loaded > allowed:
+            raise AssertionError(
+                f"{note}: the kernel loaded {loaded} elements of {name}, {loaded / allowed:.1f}x what "
+                f"reading each block once allows ({allowed}: {blocks} blocks of {block_size} x {head_dim} "
+                f"over the {programs} programs per sequence). One pass: each block of K and V is loaded "
+                "once, and what the softmax needs from the blocks before is carried, not reloaded")
+    if min_dots_per_block and traffic.dots < min_dots_per_block * blocks:
+        raise AssertionError(
+            f"{note}: {traffic.dots} tl.dot calls for {blocks} blocks read (at least "
+            f"{min_dots_per_block * blocks} expected): both products, the scores and the weighted "
+            "values, are tl.dot -- the operation a GPU runs on its tensor cores; a broadcast "
+            "multiply and tl.sum computes the same numbers without them")
 
 
 # --- 1. one block through the block table -----------------------------------------------------------
@@ -98,6 +135,12 @@ def _(ex):
     expect_attention(ex.attend_whole, problem)
 
 
+@case(CASES, "scores far above 88 (exp overflows float32 there)", WHOLE,
+      "subtract the row's maximum score before exp: the weights are the same, and no exp sees a positive number")
+def _(ex):
+    expect_attention(ex.attend_whole, kernel_problem([40, 25], rising_scores=150.0, seed=21), "scores up to ~150")
+
+
 # --- 3. block by block, with an online softmax --------------------------------------------------------
 BLOCKS = "attend_blocks_kernel"
 
@@ -112,6 +155,12 @@ def _(ex):
       "when the maximum grows, what the sums hold so far must be rescaled by exp(m_old - m_new)")
 def _(ex):
     expect_attention(ex.attend_by_blocks, kernel_problem([70, 33], rising_scores=8.0, seed=6))
+
+
+@case(CASES, "one pass: each block's K and V loaded once", BLOCKS,
+      "carry the maximum, the sum and the weighted values from block to block; never go back to a block")
+def _(ex):
+    expect_one_pass(ex.attend_by_blocks, kernel_problem([15, 16, 17, 33, 70], seed=22), "head", "lengths 15-70")
 
 
 # --- 4. split-KV and its reduction --------------------------------------------------------------------
@@ -216,6 +265,13 @@ def _(ex):
       "multiply the scores by `scale`; mask padded head dimensions when loading K and V")
 def _(ex):
     expect_attention(ex.paged_decode, kernel_problem([31, 32, 65], head_dim=40, block_size=32, scale=0.3, seed=19))
+
+
+@case(CASES, "one pass over each sequence's blocks, both products on tl.dot", KERNEL,
+      "load each block of K and V once for the whole query group; scores and weighted values are tl.dot")
+def _(ex):
+    expect_one_pass(ex.paged_decode, kernel_problem([15, 33, 70], num_heads=8, num_kv_heads=2, seed=23),
+                    "kv_head", "8 heads over 2 KV heads", min_dots_per_block=2)
 
 
 # --- the kernel inside the engine --------------------------------------------------------------
