@@ -35,13 +35,16 @@ from minivllm.engine.core_client import local_core
 
 CONFIGS = {
     "none": None,
-    "ngram k=4": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2},
-    "draft k=2": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 2},
-    "draft k=4": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4},
-    "draft k=8": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 8},
+    "ngram k=4": {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None, "prompt_lookup_min": 2},
+    "draft k=2": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 2, "disable_by_batch_size": None},
+    "draft k=4": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4, "disable_by_batch_size": None},
+    "draft k=8": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 8, "disable_by_batch_size": None},
+    # the engine's default rule: no drafts in a step of more than CPU_DISABLE_BY_BATCH_SIZE requests
+    "draft k=4, auto": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4},
+    "ngram k=4, auto": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2},
     # the same, with verification rows attended one sequence at a time (as prompts are) instead
     # of batched like decodes: what the ragged backend's batching of short queries buys
-    "draft k=4, unbatched": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4},
+    "draft k=4, unbatched": {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4, "disable_by_batch_size": None},
 }
 UNBATCHED = ", unbatched"
 

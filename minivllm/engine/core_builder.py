@@ -28,6 +28,7 @@ from minivllm.config import (
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.messages import CoreReady
 from minivllm.engine.model_runner import ModelRunner
+from minivllm.math_utils import cdiv
 from minivllm.model.config import ModelConfig
 from minivllm.model.llama import LlamaFamilyModel
 from minivllm.model.loader import load_model, resolve_dtype
@@ -87,7 +88,8 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
         draft = None
         if draft_model is not None:
             draft = DraftModelProposer(draft_model, kv.num_blocks, kv.block_size, sampler, kv_dtype)
-        speculative = SpeculativeDecoder(args.speculative_config, sampler, max_model_len, draft)
+        speculative = SpeculativeDecoder(args.speculative_config, sampler, max_model_len, draft,
+                                         device_type=model.lm_head.weight.device.type)
     runner = ModelRunner(model, kv.num_blocks, kv.block_size, sampler,
                          pad_token_id if pad_token_id is not None else 0, kv_dtype, speculative)
     core = build_engine_core(args, scheduler, runner, time.perf_counter)
@@ -155,11 +157,11 @@ class _Pool:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * 0.5)
-        # Enough for every seat to hold a full-length sequence, capped at 256 MiB, but always
-        # at least one full-length sequence.
-        per_token = self.bytes_per_block // self.args.block_size
-        wanted = per_token * self.max_model_len * self.args.max_num_seqs
-        return max(min(_DEFAULT_CPU_KV_BYTES, wanted), per_token * self.max_model_len)
+        # Enough for every seat to hold a full-length sequence (and a draft model's lookahead
+        # slots past it), capped at 256 MiB, but always at least one such sequence.
+        one_sequence = cdiv(self.max_model_len + self.args.num_lookahead_tokens, self.args.block_size)
+        one_sequence *= self.bytes_per_block
+        return max(min(_DEFAULT_CPU_KV_BYTES, one_sequence * self.args.max_num_seqs), one_sequence)
 
     def check_memory(self, num_blocks: int) -> None:
         """The pool must fit in memory (checked before the tensors are allocated, so an absurd

@@ -18,7 +18,12 @@ from typing import Any
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 32  # more drafts than this are almost never all accepted
-_KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min")
+_KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min",
+         "disable_by_batch_size")
+# "auto" on a CPU: above this many requests in a step, drafting costs more than it saves
+# (benchmarks/spec_decode.py --batches: the draft model k = 4 gains 1.2-1.35x up to 8
+# requests and loses 7-9 % from 16; n-gram lookup on stories gains nothing at any batch)
+CPU_DISABLE_BY_BATCH_SIZE = 8
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:
@@ -34,13 +39,18 @@ class SpeculativeConfig:
     time they occurred) or ``"draft_model"`` (a smaller model with the same tokenizer);
     ``num_speculative_tokens``: drafts proposed per request per step (k); ``model``: the draft
     model's checkpoint directory; ``prompt_lookup_max`` / ``prompt_lookup_min``: the longest and
-    shortest n-gram the lookup tries, longest first."""
+    shortest n-gram the lookup tries, longest first; ``disable_by_batch_size``: a step with more
+    requests than this proposes no drafts (the next step decodes plainly), as vLLM's option of
+    that name; ``None`` never stops; ``"auto"`` (the default) is
+    :data:`CPU_DISABLE_BY_BATCH_SIZE` on a CPU and no limit on a GPU, where a verification step
+    stays cheap up to a far larger batch (not measured here)."""
 
     method: str
     num_speculative_tokens: int
     model: str | None = None
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    disable_by_batch_size: int | str | None = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -53,6 +63,14 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config['model'] is only for method 'draft_model', not {self.method!r}")
         _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, 64)
         _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, self.prompt_lookup_max)
+        if self.disable_by_batch_size not in ("auto", None):
+            _check_int("disable_by_batch_size", self.disable_by_batch_size, 1, 1 << 20)
+
+    def batch_limit(self, device_type: str) -> int | None:
+        """The most requests a step may have and still propose drafts; ``None``: no limit."""
+        if self.disable_by_batch_size == "auto":
+            return CPU_DISABLE_BY_BATCH_SIZE if device_type == "cpu" else None
+        return self.disable_by_batch_size
 
     @property
     def num_lookahead_tokens(self) -> int:

@@ -32,7 +32,7 @@ logger = logging.getLogger("minivllm")
 
 class SpeculativeDecoder:
     def __init__(self, config: SpeculativeConfig, sampler: Sampler, max_model_len: int,
-                 draft: DraftModelProposer | None = None):
+                 draft: DraftModelProposer | None = None, device_type: str = "cpu"):
         if (config.method == "draft_model") != (draft is not None):
             raise ValueError(f"speculative method {config.method!r} and draft model {draft!r} do not match")
         self.config = config
@@ -42,6 +42,7 @@ class SpeculativeDecoder:
         # the rejection rule, batched over a step's requests (see use_verifier)
         self.verify_fn = verify
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
+        self.batch_limit = config.batch_limit(device_type)  # no drafts in a step with more requests
 
     def use_verifier(self, fn) -> object:
         """Verify every step's drafts with ``fn`` from now on (the signature of
@@ -134,8 +135,10 @@ class SpeculativeDecoder:
     # --- proposals -----------------------------------------------------------------------------
     def propose(self, out: SchedulerOutput, emitted: dict[str, list[int]]) -> dict[str, list[int]]:
         """Drafts for the next step of every request in ``emitted`` (request id -> the tokens this
-        step gives it) that speculates. A draft model that fails proposes nothing this step: the
+        step gives it) that speculates; none when more requests than ``batch_limit`` sampled. A draft model that fails proposes nothing this step: the
         requests go on without drafts (drafts only ever change speed, never the output)."""
+        if self.batch_limit is not None and len(emitted) > self.batch_limit:
+            return {}  # a batch this large gains less from drafts than they cost (SpeculativeConfig)
         wanted: list[DraftRequest] = []
         tables = dict(zip((r.request_id for r in out.requests), out.block_ids, strict=True))
         for req in out.requests:

@@ -138,8 +138,8 @@ def test_engine_agrees_with_transformers_in_this_gpus_number_format(prompts):
 def test_speculative_decoding_keeps_the_greedy_tokens(prompts, method, kv_cache_dtype):
     """The Triton kernels verify drafts (short prefills over a cached context) and run the draft
     model: greedy tokens equal the same engine's without drafts, in float32, with either cache."""
-    config = ({"method": "ngram", "num_speculative_tokens": 4} if method == "ngram"
-              else {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4})
+    config = ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None} if method == "ngram"
+              else {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4, "disable_by_batch_size": None})
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     runs = {}
     for spec in (None, config):

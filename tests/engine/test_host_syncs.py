@@ -24,8 +24,8 @@ CONFIGS = {
     "plain": {},
     "int8": {"kv_cache_dtype": "int8"},
     "chunked": {"max_num_batched_tokens": 24},
-    "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
-    "draft_model": {"speculative_config": {"model": TINY_DRAFT_MODEL_DIR, "num_speculative_tokens": 3}},
+    "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None}},
+    "draft_model": {"speculative_config": {"model": TINY_DRAFT_MODEL_DIR, "num_speculative_tokens": 3, "disable_by_batch_size": None}},
 }
 
 

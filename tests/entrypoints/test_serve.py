@@ -661,7 +661,7 @@ def test_a_second_signal_aborts_at_once_ends_streams_with_done_and_exits_non_zer
 def test_a_speculative_server_streams_the_same_text_and_counts_its_drafts(reference):
     """``--speculative-config``: a step may deliver several tokens of a request at once; the
     stream still adds up to the same greedy text, and /metrics counts drafts and acceptances."""
-    draft = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3}
+    draft = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3, "disable_by_batch_size": None}
     with serve(speculative_config=draft, **ENGINE_ARGS) as srv:
         spec_client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         for prompt in PROMPTS[:2]:
@@ -686,7 +686,7 @@ def test_the_2026_stack_from_the_command_line_serves_the_engines_text():
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None})
     args = engine_args_from(parser.parse_args(["--kv-cache-dtype", "int8", "--speculative-config", spec,
                                                "--kv-cache-memory", str(8 << 20), "--max-num-seqs", "8",
                                                "--seed", "0"]))

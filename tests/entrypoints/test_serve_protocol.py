@@ -236,7 +236,8 @@ def test_counts_are_checked_before_the_body_becomes_objects():
 
 
 def test_speculative_config_is_a_json_flag():
-    args = parse(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}', "--device", "cpu"])
+    args = parse(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": null}', "--device", "cpu"])
     engine = EngineArgs.from_kwargs(**engine_args_from(args))
+    assert engine.speculative_config.disable_by_batch_size is None
     assert engine.speculative_config.method == "ngram"
     assert engine.speculative_config.num_speculative_tokens == 3

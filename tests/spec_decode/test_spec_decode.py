@@ -19,12 +19,12 @@ from support import assert_idle_and_empty, save_random_checkpoint
 import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.engine.core_client import local_core
-from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.config import CPU_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
 from minivllm.spec_decode.ngram import propose_ngram
 from minivllm.spec_decode.rejection import verify
 
 TINY = minivllm.TINY_MODEL_DIR
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None, "prompt_lookup_min": 2}
 PROMPTS = [
     "Once upon a time",
     "Tom had a red ball. Tom had a red ball. Tom had a",
@@ -155,7 +155,7 @@ def test_greedy_output_is_identical_with_ngram_drafts(reference_outputs, extra):
 def test_greedy_output_is_identical_with_a_draft_model(reference_outputs, random_draft, which):
     params, ref = reference_outputs
     draft = TINY if which == "self" else random_draft
-    llm = LLM(TINY, speculative_config={"model": str(draft), "num_speculative_tokens": 3}, debug_checks=True,
+    llm = LLM(TINY, speculative_config={"model": str(draft), "num_speculative_tokens": 3, "disable_by_batch_size": None}, debug_checks=True,
               num_kv_blocks=40, max_model_len=400)
     outs = llm.generate(PROMPTS * 2, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [ref[p] for p in PROMPTS * 2]
@@ -205,7 +205,7 @@ def test_a_failing_draft_model_fails_no_request(reference_outputs, caplog):
     """Drafts only change how many tokens a step gains: if the draft model raises, the requests
     go on without drafts and their tokens are the same."""
     params, ref = reference_outputs
-    llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3})
+    llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3, "disable_by_batch_size": None})
     draft = local_core(llm).executor.speculative.draft
     calls = {"n": 0}
     real = draft.propose
@@ -256,8 +256,8 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_hf_model, random_dra
     with a random draft (q far from p: nearly always the residual)."""
     prompt = "Tom had a red ball. Tom had a red ball. Tom had a"
     draft = {"trained": str(minivllm.TINY_DRAFT_MODEL_DIR), "random": str(random_draft)}.get(method)
-    cfg = ({"method": "ngram", "num_speculative_tokens": 2} if draft is None
-           else {"model": draft, "num_speculative_tokens": 2})
+    cfg = ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": None} if draft is None
+           else {"model": draft, "num_speculative_tokens": 2, "disable_by_batch_size": None})
     llm = LLM(TINY, speculative_config=cfg, max_num_seqs=256)
     prompt_ids = llm.engine.tokenize(prompt)[1]
     top_k, trials = 4, 2500
@@ -283,7 +283,7 @@ def test_rejected_drafts_give_their_blocks_back_and_never_enter_the_prefix_cache
     its kept tokens (and the lookahead) need, and every block registered in the prefix cache
     holds tokens of a request's final sequence."""
     k = 6
-    llm = LLM(TINY, speculative_config={"model": str(random_draft), "num_speculative_tokens": k},
+    llm = LLM(TINY, speculative_config={"model": str(random_draft), "num_speculative_tokens": k, "disable_by_batch_size": None},
               block_size=4, debug_checks=True)
     core, kv = local_core(llm), local_core(llm).kv
     seen: list[int] = []
@@ -317,16 +317,16 @@ def test_rejected_drafts_give_their_blocks_back_and_never_enter_the_prefix_cache
 
 # --- refused when the engine is built -----------------------------------------------------------
 @pytest.mark.parametrize("config, error, match", [
-    ({"method": "eagle", "num_speculative_tokens": 2}, ValueError, "method"),
-    ({"method": "ngram", "num_speculative_tokens": 0}, ValueError, r"\[1, 32\]"),
-    ({"method": "ngram", "num_speculative_tokens": 33}, ValueError, r"\[1, 32\]"),
-    ({"method": "ngram", "num_speculative_tokens": 2.0}, TypeError, "integer"),
-    ({"method": "ngram", "num_speculative_tokens": True}, TypeError, "integer"),
+    ({"method": "eagle", "num_speculative_tokens": 2, "disable_by_batch_size": None}, ValueError, "method"),
+    ({"method": "ngram", "num_speculative_tokens": 0, "disable_by_batch_size": None}, ValueError, r"\[1, 32\]"),
+    ({"method": "ngram", "num_speculative_tokens": 33, "disable_by_batch_size": None}, ValueError, r"\[1, 32\]"),
+    ({"method": "ngram", "num_speculative_tokens": 2.0, "disable_by_batch_size": None}, TypeError, "integer"),
+    ({"method": "ngram", "num_speculative_tokens": True, "disable_by_batch_size": None}, TypeError, "integer"),
     ({"method": "ngram"}, ValueError, "num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, ValueError, "unknown"),
-    ({"method": "draft_model", "num_speculative_tokens": 2}, ValueError, "model"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, ValueError, "only for"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, ValueError, "prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": None, "lookahead": 3}, ValueError, "unknown"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "disable_by_batch_size": None}, ValueError, "model"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": None, "model": "x"}, ValueError, "only for"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": None, "prompt_lookup_min": 5}, ValueError, "prompt_lookup_min"),
     ("{not json", ValueError, "JSON"),
     (["ngram"], TypeError, "dict"),
 ])
@@ -336,9 +336,9 @@ def test_bad_speculative_configs_are_refused(config, error, match):
 
 
 def test_json_text_is_a_speculative_config():
-    cfg = SpeculativeConfig.parse('{"num_speculative_tokens": 3}')
+    cfg = SpeculativeConfig.parse('{"num_speculative_tokens": 3, "disable_by_batch_size": null}')
     assert cfg.method == "ngram" and cfg.num_speculative_tokens == 3
-    assert SpeculativeConfig.parse({"model": "/m", "num_speculative_tokens": 2}).method == "draft_model"
+    assert SpeculativeConfig.parse({"model": "/m", "num_speculative_tokens": 2, "disable_by_batch_size": None}).method == "draft_model"
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -352,7 +352,7 @@ def test_engines_that_cannot_roll_back_drafts_refuse_speculation(kwargs, error, 
     """The parts must implement speculative decoding's protocols: the error names the member a
     part lacks (the baselines have no rollback), or the budget that cannot hold k drafts."""
     with pytest.raises(error, match=match):
-        LLM(TINY, speculative_config={"method": "ngram", "num_speculative_tokens": 4}, **kwargs)
+        LLM(TINY, speculative_config={"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None}, **kwargs)
 
 
 def test_a_pool_too_small_for_the_lookahead_is_refused():
@@ -360,15 +360,15 @@ def test_a_pool_too_small_for_the_lookahead_is_refused():
     LLM(TINY, max_model_len=128, num_kv_blocks=8, speculative_config=NGRAM)
     with pytest.raises(ValueError, match="lookahead"):
         LLM(TINY, max_model_len=128, num_kv_blocks=8,
-            speculative_config={"model": str(TINY), "num_speculative_tokens": 4})
+            speculative_config={"model": str(TINY), "num_speculative_tokens": 4, "disable_by_batch_size": None})
 
 
 def test_a_draft_model_must_share_the_vocabulary(tmp_path):
     save_random_checkpoint(tmp_path, "llama", vocab_size=500)
     with pytest.raises(ValueError, match="vocab_size=500"):
-        LLM(TINY, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
+        LLM(TINY, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2, "disable_by_batch_size": None})
     with pytest.raises(ValueError, match="not a checkpoint directory"):
-        LLM(TINY, speculative_config={"model": str(tmp_path / "nope"), "num_speculative_tokens": 2})
+        LLM(TINY, speculative_config={"model": str(tmp_path / "nope"), "num_speculative_tokens": 2, "disable_by_batch_size": None})
 
 
 def test_the_triton_kernels_verify_drafts_like_the_torch_backend():
@@ -376,7 +376,7 @@ def test_the_triton_kernels_verify_drafts_like_the_torch_backend():
     (interpreted on a CPU) must give the same greedy tokens; the draft model runs on it too."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = PROMPTS[:2]
-    cfg = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3}
+    cfg = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3, "disable_by_batch_size": None}
     results = {}
     for backend in ("torch", "triton"):
         llm = LLM(TINY, attention_backend=backend, speculative_config=cfg, max_model_len=128, num_kv_blocks=16)
@@ -389,7 +389,7 @@ def test_parallel_samples_speculate_with_a_draft_model(reference_outputs):
     """n > 1 forks share blocks copy-on-write; the draft model's K/V is copied with the target's.
     Greedy samples all equal the greedy answer; sampled ones finish with their lengths."""
     params, ref = reference_outputs
-    llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3},
+    llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 3, "disable_by_batch_size": None},
               debug_checks=True, block_size=4)
     greedy = SamplingParams(temperature=0, max_tokens=80, n=3)
     for out in llm.generate(PROMPTS[:2], greedy, use_tqdm=False):
@@ -423,3 +423,55 @@ def test_non_finite_logits_fail_only_their_request():
         while a < len(d) and d[a] == argmax[start + a]:
             a += 1
         assert emitted[rid] == [*d[:a], argmax[start + a]]
+
+
+# --- speculating less when the batch is large -------------------------------------------------------
+def draft_steps(llm, prompts, params) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """The tokens, and per step (requests in it, drafts it verified)."""
+    steps: list[tuple[int, int]] = []
+    local_core(llm).add_step_listener(lambda s: steps.append(
+        (len(s.scheduler_output.requests), sum(len(d) for d in (s.scheduler_output.spec_token_ids or {}).values()))))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], steps
+
+
+@pytest.mark.parametrize("limit, batch, drafts_expected", [
+    ("auto", 4, True),  # on a CPU "auto" is 8: four requests still draft
+    ("auto", 12, False),  # twelve decoding together: no step drafts
+    (2, 4, False),
+    (None, 12, True),  # never stops
+])
+def test_a_batch_above_the_limit_proposes_no_drafts_and_keeps_its_tokens(reference_outputs, limit, batch,
+                                                                          drafts_expected):
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [PROMPTS[1]] * batch
+    plain = LLM(TINY, max_num_seqs=16).generate(prompts, params, use_tqdm=False)
+    cfg = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 2, "disable_by_batch_size": limit}
+    tokens, steps = draft_steps(LLM(TINY, max_num_seqs=16, speculative_config=cfg), prompts, params)
+    assert tokens == [o.outputs[0].token_ids for o in plain]
+    bound = SpeculativeConfig.parse(cfg).batch_limit("cpu")
+    assert (sum(d for _, d in steps) > 0) == drafts_expected, steps
+    if bound is not None:  # a step verifies drafts only if the step before it had few enough requests
+        for (before, _), (_, drafts) in zip(steps, steps[1:]):
+            assert not drafts or before <= bound, steps
+
+
+@pytest.mark.parametrize("value, error", [(0, ValueError), (-3, ValueError), (True, TypeError), ("8", TypeError),
+                                          (2.5, TypeError)])
+def test_a_wrong_batch_limit_is_refused_naming_it(value, error):
+    with pytest.raises(error, match="disable_by_batch_size"):
+        SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": value})
+
+
+def test_auto_means_the_measured_limit_on_a_cpu_and_none_on_a_gpu():
+    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2})
+    assert cfg.disable_by_batch_size == "auto"
+    assert cfg.batch_limit("cpu") == CPU_DISABLE_BY_BATCH_SIZE and cfg.batch_limit("cuda") is None
+
+
+def test_the_default_pool_holds_a_draft_models_lookahead_with_one_seat():
+    """One seat of max_model_len tokens plus the draft's lookahead slots, by default."""
+    llm = LLM(TINY, max_num_seqs=1, max_model_len=256,
+              speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4})
+    out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) >= 1

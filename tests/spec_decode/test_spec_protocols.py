@@ -142,8 +142,8 @@ def reference():
 
 
 @pytest.mark.parametrize("spec", [
-    {"method": "ngram", "num_speculative_tokens": 3},
-    {"model": minivllm.TINY_DRAFT_MODEL_DIR, "num_speculative_tokens": 4},
+    {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None},
+    {"model": minivllm.TINY_DRAFT_MODEL_DIR, "num_speculative_tokens": 4, "disable_by_batch_size": None},
 ], ids=["ngram", "draft_model"])
 def test_a_protocol_only_scheduler_and_kv_manager_serve_with_speculation(reference, spec):
     """Greedy tokens identical to minivllm's own engine without drafts; drafts were verified and
@@ -162,4 +162,4 @@ def test_a_scheduler_without_the_speculative_member_is_refused_by_name():
     with pytest.raises(TypeError, match="scheduler=NoDrafts does not implement .*SpeculativeScheduler.*"
                                         "missing update_draft_token_ids"):
         LLM(**ARGS, kv_cache=FreeListKV(NUM_BLOCKS, 16), scheduler=NoDrafts,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None})

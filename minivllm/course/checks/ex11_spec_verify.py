@@ -749,8 +749,8 @@ def _spec_configs() -> dict[str, dict]:
 
     draft_dir = getattr(minivllm, "TINY_DRAFT_MODEL_DIR", minivllm.TINY_MODEL_DIR)
     return {
-        "ngram": {"method": "ngram", "num_speculative_tokens": 4},
-        "draft_model": {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 3},
+        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None},
+        "draft_model": {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 3, "disable_by_batch_size": None},
     }
 
 
