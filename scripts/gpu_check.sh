@@ -20,7 +20,9 @@
 #   engine       the engine against transformers on the GPU (float32: identical greedy tokens; the
 #                GPU's own 16-bit format: next-token distributions), greedy parity of the torch and
 #                triton backends, a NaN-filled KV pool changing no token; the 8-bit KV cache
-#                (kv_cache_dtype="int8", tests/attention/test_kv_int8.py) end to end on the GPU
+#                (kv_cache_dtype="int8", tests/attention/test_kv_int8.py) end to end on the GPU; the
+#                synchronising CUDA calls of a decode step (set_sync_debug_mode), printed per
+#                backend and held to DECODE_SYNC_BUDGET (minivllm/engine/host_syncs.py)
 #   attn_bench   benchmarks/attention_kernels.py: achieved HBM bandwidth of paged decode (fraction
 #                of peak), the cost of paging (same kernel, contiguous blocks); stored as
 #                $OUT/results/attention_kernels-<gpu>.json (copy it into benchmarks/results/)
@@ -33,7 +35,7 @@ DRY=0
 case "${1:-}" in
     "") ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option ${1}; use --dry-run or --help" >&2; exit 2 ;;
 esac
 
