@@ -17,8 +17,7 @@ import argparse
 from collections import Counter
 
 from minivllm import LLM, TINY_DRAFT_MODEL_DIR, SamplingParams
-from minivllm.engine.core_client import local_core
-from minivllm.engine.host_syncs import HostSyncCounter, step_kind
+from minivllm.engine.host_syncs import count_step_syncs
 
 PROMPTS = ["Once upon a time", "The little fox went to the forest and", "Mia had a red ball. " * 6,
            "One sunny day, Leo"]
@@ -38,21 +37,9 @@ KINDS = ("prefill", "mixed", "decode", "speculative")
 
 def measure(args: dict, params: SamplingParams) -> tuple[dict[str, int], dict[str, Counter]]:
     """Step kind -> the most syncs of a step of that kind, and the sites of that step."""
-    llm = LLM(engine_core_process=False, seed=0, **args)
-    kinds: list[str] = []
-    local_core(llm).add_step_listener(lambda step_out: kinds.append(step_kind(step_out.scheduler_output)))
-    engine = llm.engine
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, params)
-    most: dict[str, int] = {}
     sites: dict[str, Counter] = {}
-    while engine.has_unfinished_requests():
-        with HostSyncCounter() as syncs:
-            engine.step()
-        kind = kinds[-1]
-        if syncs.total >= most.get(kind, -1):
-            most[kind], sites[kind] = syncs.total, Counter(syncs.sites)
-    return most, sites
+    counts = count_step_syncs(LLM(engine_core_process=False, seed=0, **args), PROMPTS, params, sites)
+    return {kind: max(steps) for kind, steps in counts.items()}, sites
 
 
 def main() -> None:

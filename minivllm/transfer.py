@@ -30,8 +30,8 @@ HOST = torch.device("cpu")
 
 def to_device(arrays: Sequence[tuple[Sequence, torch.dtype]], device: torch.device | str) -> list[torch.Tensor]:
     """``[(values, dtype), ...]`` -> one 1-D tensor per entry on ``device``, in order. Integer
-    and bool entries travel in one int64 copy, floating ones in one float32 copy (so an int64
-    value keeps every bit, and a float32 value is exact); each entry is then cast to its dtype."""
+    and bool entries travel in one int64 copy, floating ones in one float32 copy (float64 if an
+    entry asks for it), so every value arrives exact; each entry is then cast to its dtype."""
     device = torch.device(device)
     out: list[torch.Tensor | None] = [None] * len(arrays)
     for floating in (False, True):
@@ -44,7 +44,8 @@ def to_device(arrays: Sequence[tuple[Sequence, torch.dtype]], device: torch.devi
             values = arrays[i][0]
             flat.extend(values)
             sizes.append(len(values))
-        host = torch.tensor(flat, dtype=torch.float32 if floating else torch.int64, device=HOST,
+        wide = torch.float64 if any(arrays[i][1] == torch.float64 for i in picked) else torch.float32
+        host = torch.tensor(flat, dtype=wide if floating else torch.int64, device=HOST,
                             pin_memory=device.type == "cuda")
         moved = host.to(device, non_blocking=True)  # on a CPU: the same tensor, no copy
         for i, part in zip(picked, moved.split(sizes), strict=True):

@@ -161,10 +161,11 @@ def step_kind(plan) -> str:
     return "prefill" if decodes == 0 else "mixed"
 
 
-def count_step_syncs(llm, prompts: list, params) -> dict[str, list[int]]:
+def count_step_syncs(llm, prompts: list, params, sites: dict[str, Counter] | None = None) -> dict[str, list[int]]:
     """Run ``prompts`` through an ``LLM`` whose core is in this process, one step at a time, and
     count each step's host syncs (the whole step: scheduling, the forward pass, sampling,
-    committing, detokenizing). Returns step kind -> the count of each step of that kind."""
+    committing, detokenizing). Returns step kind -> the count of each step of that kind; with
+    ``sites``, also fills it with step kind -> where the syncs of its costliest step came from."""
     from minivllm.engine.core_client import local_core
 
     core = local_core(llm)
@@ -178,7 +179,10 @@ def count_step_syncs(llm, prompts: list, params) -> dict[str, list[int]]:
         while engine.has_unfinished_requests():
             with HostSyncCounter() as syncs:
                 engine.step()
-            counts.setdefault(kinds[-1], []).append(syncs.total)
+            kind = kinds[-1]
+            if sites is not None and syncs.total >= max(counts.get(kind, [-1])):
+                sites[kind] = Counter(syncs.sites)
+            counts.setdefault(kind, []).append(syncs.total)
     finally:
         remove()
     return counts

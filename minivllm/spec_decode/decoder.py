@@ -135,8 +135,9 @@ class SpeculativeDecoder:
     # --- proposals -----------------------------------------------------------------------------
     def propose(self, out: SchedulerOutput, emitted: dict[str, list[int]]) -> dict[str, list[int]]:
         """Drafts for the next step of every request in ``emitted`` (request id -> the tokens this
-        step gives it) that speculates; none when more requests than ``batch_limit`` sampled. A draft model that fails proposes nothing this step: the
-        requests go on without drafts (drafts only ever change speed, never the output)."""
+        step gives it) that speculates; none when more requests than ``batch_limit`` sampled. A
+        draft model that fails proposes nothing this step: the requests go on without drafts
+        (drafts only ever change speed, never the output)."""
         if self.batch_limit is not None and len(emitted) > self.batch_limit:
             return {}  # a batch this large gains less from drafts than they cost (SpeculativeConfig)
         wanted: list[DraftRequest] = []
