@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from minivllm.config import ATTENTION_BACKENDS
+
 
 def _generate(args: argparse.Namespace) -> int:
     from minivllm import LLM, SamplingParams
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    gen.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")

@@ -9,7 +9,7 @@ The three plug-in points take a name *or* an object that implements the protocol
 
 * ``kv_cache="paged" | "contiguous" | <KVCacheManagerInterface instance>``
 * ``scheduler="continuous" | "static" | <SchedulerInterface instance> | <factory(config, kv)>``
-* ``attention_backend="auto" | "torch" | "torch_padded" | "triton" | <backend instance>``
+* ``attention_backend="auto" | "cpp" | "torch" | "torch_padded" | "triton" | <backend instance>``
 
 and the step loop itself can be replaced: ``engine_core=<EngineCore subclass or factory>``.
 """
@@ -35,7 +35,7 @@ from minivllm.spec_decode.config import SpeculativeConfig
 
 SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
-ATTENTION_BACKENDS = ("auto", "torch", "torch_padded", "triton")
+ATTENTION_BACKENDS = ("auto", "cpp", "torch", "torch_padded", "triton")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KV_CACHE_DTYPES = ("auto", "int8")  # "auto": the model's dtype; "int8": minivllm/attention/kv_quant.py
 DEFAULT_TOKEN_BUDGET = 2048

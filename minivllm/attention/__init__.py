@@ -10,8 +10,12 @@ causal attention of the new tokens over everything cached for their sequence, re
 slots the sequence owns (see :class:`AttentionBackend`).
 
 =================  ==================================================================
+``"cpp"``          a C++ kernel that reads the cache in place for the step's decode rows,
+                   SDPA for its prompts (``cpp_backend.py``): the CPU default where the
+                   kernel builds (a C++ compiler with OpenMP)
 ``"torch"``        plain PyTorch, decode rows batched, prefill rows one sequence each
-                   (``torch_ragged.py``): the CPU default
+                   (``torch_ragged.py``): the readable reference, and the CPU default
+                   where the kernel does not build
 ``"torch_padded"`` plain PyTorch over one padded ``[seqs, max_query, max_context]``
                    rectangle (``torch_padded.py``): the teaching baseline
 ``"triton"``       the PagedAttention kernels (``triton_*.py``): the CUDA default
@@ -19,7 +23,7 @@ slots the sequence owns (see :class:`AttentionBackend`).
 
 A cache is in the model's float format, or 8-bit (``kv_cache_dtype="int8"``): ``torch.int8`` rows
 of ``head_dim`` codes and a float32 scale, ``[num_blocks, block_size, KVH, head_dim + 4]``
-(``kv_quant.py``); ``"torch"`` and ``"triton"`` read it, ``"torch_padded"`` refuses it.
+(``kv_quant.py``); ``"cpp"``, ``"torch"`` and ``"triton"`` read it, ``"torch_padded"`` refuses it.
 
 ``testing.py`` builds random paged problems with their float64 answers, for the kernels' tests
 and the course's checks. The package imports nothing from ``minivllm.core`` or the engine.
@@ -85,6 +89,12 @@ class KVCacheRequirements(Protocol):
         ...
 
 
+def _cpp_backend() -> AttentionBackend:
+    from minivllm.attention.cpp_backend import CppAttentionBackend  # builds its kernel when asked
+
+    return CppAttentionBackend()
+
+
 def _triton_backend() -> AttentionBackend:
     from minivllm.attention.triton_backend import TritonAttentionBackend  # loads Triton itself
 
@@ -94,6 +104,7 @@ def _triton_backend() -> AttentionBackend:
 # The backends minivllm builds by name. ``minivllm.config.ATTENTION_BACKENDS`` (the engine
 # argument's choices, checked without torch) lists the same names after "auto".
 BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "cpp": _cpp_backend,
     "torch": TorchAttentionBackend,
     "torch_padded": PaddedTorchAttentionBackend,
     "triton": _triton_backend,
@@ -101,12 +112,20 @@ BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
 
 
 def get_attention_backend(name: str = "auto", device: str = "cpu") -> AttentionBackend:
-    """Return a backend instance. ``auto``: compiled Triton on CUDA, the ragged PyTorch backend
-    on CPU (the Triton interpreter is for learning and testing, not for speed)."""
+    """Return a backend instance. ``auto``: compiled Triton on CUDA; on a CPU the C++ kernel
+    where it builds, else the ragged PyTorch backend (the Triton interpreter is for learning and
+    testing, not for speed); on any other device the ragged PyTorch backend."""
     if not isinstance(name, str):
         raise TypeError(f"attention_backend must be a name, got {name!r} ({type(name).__name__})")
     if name == "auto":
-        name = "triton" if str(device).startswith("cuda") else "torch"
+        if str(device).startswith("cuda"):
+            name = "triton"
+        elif str(device).startswith("cpu"):
+            from minivllm.attention.cpp_backend import auto_cpu_backend
+
+            name = auto_cpu_backend()
+        else:  # another device (a test's "meta" among them): the plain PyTorch backend
+            name = "torch"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend={name!r} is not one of {('auto', *BACKENDS)}")
     return BACKENDS[name]()

@@ -35,7 +35,7 @@ import torch
 KV_CACHE_DTYPES = ("auto", "int8")  # the engine argument's choices (minivllm.config repeats them)
 SCALE_BYTES = 4  # one float32 per row
 QMAX = 127  # codes lie in [-127, 127]: symmetric, -128 is never written
-INT8_BACKENDS = ("torch", "triton")  # the built-in backends that read an int8 cache
+INT8_BACKENDS = ("cpp", "torch", "triton")  # the built-in backends that read an int8 cache
 
 
 def int8_row_width(head_dim: int) -> int:

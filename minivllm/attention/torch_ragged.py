@@ -94,9 +94,33 @@ def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype)
     cached = meta.backend_cache.get("torch_ragged")
     if cached is not None:
         return cached
+    short, prefills = sort_sequences(meta, device, dtype)
+    seq_lens = host_lengths(meta)[1]
+    num_tokens = int(meta.slot_mapping.shape[0])
+    decode = []
+    for q, (seqs, rows) in sorted(short.items()):
+        only = q == 1 and len(seqs) == len(seq_lens) == num_tokens
+        decode.extend(
+            _decode_rows(meta, [seqs[i] for i in bucket], [rows[i] for i in bucket], seq_lens, device, dtype,
+                         all_rows=only and len(bucket) == len(seqs), query_len=q)
+            for bucket in length_buckets([seq_lens[s] for s in seqs])
+        )
+    kept_rows, kept_slots = kept_rows_of(meta)
+    plan = RaggedStepPlan(decode, prefills, kept_rows, kept_slots)
+    meta.backend_cache["torch_ragged"] = plan
+    return plan
+
+
+def sort_sequences(
+    meta: AttentionMetadata, device: torch.device, dtype: torch.dtype
+) -> tuple[dict[int, tuple[list[int], list[int]]], list[PrefillRows]]:
+    """The step's sequences in two kinds: ``short`` maps ``q`` to the sequences with ``q`` new
+    tokens that are read from the cache like decodes (one new token, or at most
+    ``MAX_BATCHED_QUERY_LEN`` over a cached context) and their first rows of the flat batch; the
+    others are prefills, one :class:`PrefillRows` each. Shared by the backends that attend the
+    short sequences together (``plan_step`` here, ``cpp_backend.plan_cpp_step``)."""
     query_lens, seq_lens = host_lengths(meta)
     num_tokens = int(meta.slot_mapping.shape[0])
-    # q -> the sequences with q new tokens that are batched like decodes, and their first rows
     short: dict[int, tuple[list[int], list[int]]] = {}
     # a few new tokens read from the cache like a decode, once all of them are stored there
     # (static batching's padding rows are not: they keep the one-sequence path)
@@ -112,22 +136,11 @@ def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype)
             seqs.append(seq)
             rows.append(row)
         elif query_len > 1:
-            prefills.append(_prefill_rows(meta, seq, row, query_len, context_len, device, dtype))
+            prefills.append(prefill_rows(meta, seq, row, query_len, context_len, device, dtype))
         row += query_len
     if row != num_tokens:
         raise ValueError(f"query lengths add up to {row} tokens but slot_mapping has {num_tokens}")
-    decode = []
-    for q, (seqs, rows) in sorted(short.items()):
-        only = q == 1 and len(seqs) == len(seq_lens) == num_tokens
-        decode.extend(
-            _decode_rows(meta, [seqs[i] for i in bucket], [rows[i] for i in bucket], seq_lens, device, dtype,
-                         all_rows=only and len(bucket) == len(seqs), query_len=q)
-            for bucket in length_buckets([seq_lens[s] for s in seqs])
-        )
-    kept_rows, kept_slots = _kept_rows(meta)
-    plan = RaggedStepPlan(decode, prefills, kept_rows, kept_slots)
-    meta.backend_cache["torch_ragged"] = plan
-    return plan
+    return short, prefills
 
 
 def length_buckets(lengths: list[int], spread: float = 1.5) -> list[list[int]]:
@@ -180,7 +193,7 @@ def _decode_rows(
     return DecodeRows(rows, key_slots, additive_bias(allowed, dtype)[:, None], query_len)
 
 
-def _prefill_rows(
+def prefill_rows(
     meta: AttentionMetadata,
     seq: int,
     start: int,
@@ -204,7 +217,7 @@ def additive_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
-def _kept_rows(meta: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor]:
+def kept_rows_of(meta: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Rows to store in the cache: all of them unless some slots are -1 (static batching's
     padding). Knowing the count on the host spares every layer a device read-back."""
     slots = meta.slot_mapping

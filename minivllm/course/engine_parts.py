@@ -66,6 +66,8 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.attention.torch_ragged:prefill_attention",
         "minivllm.attention.torch_ragged:paged_attention_ragged",
         "minivllm.attention.torch_ragged:TorchAttentionBackend.forward",
+        "minivllm.attention.cpp_backend:paged_attention_cpu",
+        "minivllm.attention.cpp_backend:CppAttentionBackend.forward",
     ),
     "ex06_triton_kernel": (
         "minivllm.attention.triton_decode:_paged_decode_kernel",

@@ -24,7 +24,7 @@ from minivllm.config import ATTENTION_BACKENDS
 from minivllm.engine.core_client import local_core
 
 MAX_TOKENS = 12
-TORCH_BACKENDS = ["torch", "torch_padded"]
+TORCH_BACKENDS = ["cpp", "torch", "torch_padded"]
 SETUPS = {  # float32 on any device: transformers' tokens are computed in float32
     "chunked_prefix_preempt": dict(max_num_batched_tokens=48, num_kv_blocks=22, max_model_len=256,
                                    block_size=16, enable_prefix_caching=True, dtype="float32"),
@@ -49,7 +49,7 @@ def hf_tokens(tiny_hf_model, prompts):
 
 def test_backend_names():
     """The engine's argument accepts exactly the backends the attention package builds."""
-    assert ATTENTION_BACKENDS == ("auto", *attention.BACKENDS) == ("auto", "torch", "torch_padded", "triton")
+    assert ATTENTION_BACKENDS == ("auto", *attention.BACKENDS) == ("auto", "cpp", "torch", "torch_padded", "triton")
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
@@ -110,7 +110,7 @@ def serve(backend: str, setup: str, fill: float | None, max_tokens: int, tails: 
 
 
 @pytest.mark.parametrize("setup", list(POISON_SETUPS))
-@pytest.mark.parametrize("backend", ["torch", "torch_padded", "triton"])
+@pytest.mark.parametrize("backend", ["cpp", "torch", "torch_padded", "triton"])
 def test_a_poisoned_pool_changes_no_token(backend, setup):
     triton = backend == "triton"
     max_tokens, tails = (5, TRITON_TAILS) if triton else (10, (1, 19, 52))

@@ -30,7 +30,7 @@ from minivllm.attention.testing import (
     make_paged_problem,
 )
 
-TORCH_BACKENDS = ["torch", "torch_padded"]
+TORCH_BACKENDS = ["cpp", "torch", "torch_padded"]
 ALL_BACKENDS = [*TORCH_BACKENDS, "triton"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

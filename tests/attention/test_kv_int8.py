@@ -194,7 +194,7 @@ def test_int8_is_close_to_the_float_cache_and_backends_agree():
         greedy(torch_, small, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
 def test_a_poisoned_int8_pool_changes_no_token(backend):
     """Random codes and a NaN scale in every slot before the run: the very tokens of a zeroed pool."""
     prompts = prompts_with_a_shared_prefix()[:2] + [[1, 7, 8]]
@@ -223,7 +223,7 @@ def test_bad_kv_cache_dtype_is_refused():
 
 
 def test_torch_padded_refuses_int8():
-    with pytest.raises(ValueError, match=r"'torch_padded' cannot read an 8-bit KV cache.*\('torch', 'triton'\)"):
+    with pytest.raises(ValueError, match=r"'torch_padded' cannot read an 8-bit KV cache.*\('cpp', 'torch', 'triton'\)"):
         LLM(kv_cache_dtype="int8", attention_backend="torch_padded", num_kv_blocks=16, max_model_len=64)
 
 

@@ -1,0 +1,272 @@
+// PagedAttention on a CPU, reading the paged KV cache where it lies: the "cpp" backend's kernel.
+//
+// One call per layer attends every short sequence of the step (a decode, a decode verifying a
+// few speculative drafts, a short chunk over a cached context). For sequence s with q new
+// tokens over seq_len positions, new token j sits at position seq_len - q + j and reads the
+// positions 0 .. that one, found through block_tables[s]. A work item is one (sequence, KV
+// head): the group of query heads that share the KV head, times the q new tokens, are its rows,
+// so each key and value row is read once for all of them. Keys are visited block by block
+// with an online softmax (running maximum m, running sum l, rescaled accumulator), as in the
+// Triton kernel: nothing is gathered, no mask is built, and no slot the sequence does not own is
+// read (only positions < seq_len of its own blocks), so whatever other slots hold, NaN
+// included, cannot reach the result.
+//
+// A cache holds float32, bfloat16 or float16 rows [num_blocks, block_size, KVH, D], or int8
+// rows [num_blocks, block_size, KVH, D + 4]: D codes and a float32 scale (kv_quant.py).
+// Arithmetic is float32 whatever the storage; the output has the query's dtype.
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+// One cached row (D values of one position and KV head) as float32 into dst.
+template <typename cache_t>
+inline void load_row(const cache_t* row, int64_t head_dim, float* dst) {
+  for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<float>(row[d]);
+}
+
+template <>
+inline void load_row<int8_t>(const int8_t* row, int64_t head_dim, float* dst) {
+  float scale;
+  std::memcpy(&scale, row + head_dim, sizeof(float));  // the 4 bytes after the codes
+  for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<float>(row[d]) * scale;
+}
+
+// Eight floats in one value of GCC's and Clang's vector extension: the compiler maps it onto
+// the machine's SIMD registers (AVX, AVX-512, NEON) and keeps the loops below in them.
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+inline f8 load8(const float* p) {
+  f8 x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+
+inline void store8(float* p, f8 x) { std::memcpy(p, &x, sizeof(x)); }
+
+inline float sum8(f8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
+
+// exp_nonpositive for eight values at once (round to nearest is trunc(t - 0.5) for t <= 0).
+inline f8 exp8_nonpositive(f8 x) {
+  const i8 keep = x > -87.f;  // all ones where e^x is kept
+  x = keep ? x : f8{} - 87.f;
+  const i8 k = __builtin_convertvector(x * 1.44269504f - 0.5f, i8);
+  const f8 kf = __builtin_convertvector(k, f8);
+  const f8 r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
+  f8 p = r * (1.f / 720.f) + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const f8 two_k = (f8)((k + 127) << 23);
+  return (f8)((i8)(p * two_k) & keep);
+}
+
+// One query row over the `visible` keys of one block: the online-softmax step (running maximum
+// m, running sum l, accumulator acc rescaled by e^(old max - new max)). kD > 0, a multiple of 8:
+// the row, its scores and its accumulator live in vector registers; kD = 0: any head_dim.
+template <int kD>
+inline void attend_block(const float* qr, const float* const* k_rows, const float* const* v_rows,
+                         int64_t visible, float* sc, float& m, float& l, float* acc, int64_t head_dim) {
+  float block_max = m;
+  if constexpr (kD > 0) {
+    constexpr int kV = kD / 8;
+    f8 q[kV];
+    for (int j = 0; j < kV; ++j) q[j] = load8(qr + 8 * j);
+    for (int64_t o = 0; o < visible; ++o) {
+      const float* k = k_rows[o];
+      f8 t = q[0] * load8(k);
+      for (int j = 1; j < kV; ++j) t += q[j] * load8(k + 8 * j);
+      sc[o] = sum8(t);
+      block_max = std::max(block_max, sc[o]);
+    }
+  } else {
+    for (int64_t o = 0; o < visible; ++o) {
+      float t = 0.f;
+      for (int64_t d = 0; d < head_dim; ++d) t += qr[d] * k_rows[o][d];
+      sc[o] = t;
+      block_max = std::max(block_max, t);
+    }
+  }
+  // the scores' tail up to a multiple of 8 (the buffer is that long) weighs 0
+  const int64_t padded = (visible + 7) / 8 * 8;
+  for (int64_t o = visible; o < padded; ++o) sc[o] = -std::numeric_limits<float>::max();
+  f8 sum = {};
+  for (int64_t o = 0; o < padded; o += 8) {
+    const f8 e = exp8_nonpositive(load8(sc + o) - block_max);
+    store8(sc + o, e);
+    sum += e;
+  }
+  const float alpha = exp8_nonpositive(f8{} + (m - block_max))[0];  // 0 on the first block
+  m = block_max;
+  l = l * alpha + sum8(sum);
+  if constexpr (kD > 0) {
+    constexpr int kV = kD / 8;
+    f8 a[kV];
+    for (int j = 0; j < kV; ++j) a[j] = load8(acc + 8 * j) * alpha;
+    for (int64_t o = 0; o < visible; ++o) {
+      const float p = sc[o];
+      const float* v = v_rows[o];
+      for (int j = 0; j < kV; ++j) a[j] += p * load8(v + 8 * j);
+    }
+    for (int j = 0; j < kV; ++j) store8(acc + 8 * j, a[j]);
+  } else {
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= alpha;
+    for (int64_t o = 0; o < visible; ++o)
+      for (int64_t d = 0; d < head_dim; ++d) acc[d] += sc[o] * v_rows[o][d];
+  }
+}
+
+template <int kD, typename scalar_t, typename cache_t>
+void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+            const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+            const torch::Tensor& query_start, double scale, torch::Tensor& out) {
+  constexpr bool kFloatCache = std::is_same_v<cache_t, float>;  // rows read where they lie
+  const int64_t num_seqs = seq_lens.size(0);
+  const int64_t num_heads = query.size(1), head_dim = kD > 0 ? kD : query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  const int64_t row_width = k_cache.size(3);  // head_dim, or head_dim + 4 for int8
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t table_width = block_tables.size(1);
+
+  const scalar_t* q_ptr = query.data_ptr<scalar_t>();
+  scalar_t* out_ptr = out.data_ptr<scalar_t>();
+  const cache_t* k_ptr = k_cache.data_ptr<cache_t>();
+  const cache_t* v_ptr = v_cache.data_ptr<cache_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* starts = query_start.data_ptr<int32_t>();
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    // per thread: the item's query rows and accumulators; the block's K and V rows as float32
+    // pointers (into the cache itself for a float32 cache, else into a converted copy)
+    std::vector<float> q_rows, acc, m, l, k_copy, v_copy, scores((block_size + 7) / 8 * 8);
+    std::vector<const float*> k_rows(block_size), v_rows(block_size);
+    if (!kFloatCache) {
+      k_copy.resize(block_size * head_dim);
+      v_copy.resize(block_size * head_dim);
+    }
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = item / num_kv_heads, kvh = item % num_kv_heads;
+      const int64_t first = starts[s], q_len = starts[s + 1] - first;
+      const int64_t seq_len = lens[s], context = seq_len - q_len;
+      const int64_t rows = q_len * group;  // row r: new token r / group, head kvh * group + r % group
+      if (rows == 0) continue;
+      q_rows.resize(rows * head_dim);
+      acc.assign(rows * head_dim, 0.f);
+      // finite, so that e^(m - new max) is a plain 0 on the first block
+      m.assign(rows, -std::numeric_limits<float>::max());
+      l.assign(rows, 0.f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const scalar_t* src = q_ptr + ((first + r / group) * num_heads + kvh * group + r % group) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) q_rows[r * head_dim + d] = static_cast<float>(src[d]) * fscale;
+      }
+      const int32_t* table = tables + s * table_width;
+      for (int64_t start = 0; start < seq_len; start += block_size) {
+        const int64_t n = std::min(block_size, seq_len - start);  // positions of this block to read
+        const int64_t block = table[start / block_size];
+        for (int64_t o = 0; o < n; ++o) {
+          const int64_t at = ((block * block_size + o) * num_kv_heads + kvh) * row_width;
+          if constexpr (kFloatCache) {
+            k_rows[o] = k_ptr + at;
+            v_rows[o] = v_ptr + at;
+          } else {
+            load_row<cache_t>(k_ptr + at, head_dim, k_copy.data() + o * head_dim);
+            load_row<cache_t>(v_ptr + at, head_dim, v_copy.data() + o * head_dim);
+            k_rows[o] = k_copy.data() + o * head_dim;
+            v_rows[o] = v_copy.data() + o * head_dim;
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          // new token r / group reads positions <= context + r / group
+          const int64_t visible = std::min(n, context + r / group - start + 1);
+          if (visible <= 0) continue;
+          attend_block<kD>(q_rows.data() + r * head_dim, k_rows.data(), v_rows.data(), visible,
+                           scores.data(), m[r], l[r], acc.data() + r * head_dim, head_dim);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        scalar_t* dst = out_ptr + ((first + r / group) * num_heads + kvh * group + r % group) * head_dim;
+        const float inv = 1.f / l[r];  // l >= 1: a row always reads its own position
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[r * head_dim + d] * inv);
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename cache_t>
+void dispatch_head_dim(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                       const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                       const torch::Tensor& query_start, double scale, torch::Tensor& out) {
+  switch (query.size(2)) {
+    case 32: attend<32, scalar_t, cache_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case 64: attend<64, scalar_t, cache_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case 128: attend<128, scalar_t, cache_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    default: attend<0, scalar_t, cache_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out);
+  }
+}
+
+template <typename scalar_t>
+void dispatch_cache(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                    const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                    const torch::Tensor& query_start, double scale, torch::Tensor& out) {
+  switch (k_cache.scalar_type()) {
+    case torch::kFloat: dispatch_head_dim<scalar_t, float>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case torch::kBFloat16: dispatch_head_dim<scalar_t, at::BFloat16>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case torch::kHalf: dispatch_head_dim<scalar_t, at::Half>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case torch::kChar: dispatch_head_dim<scalar_t, int8_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    default: TORCH_CHECK(false, "paged_attention: cache dtype ", k_cache.scalar_type(), " is not float32, bfloat16, float16 or int8");
+  }
+}
+
+}  // namespace
+
+// query [T, H, D]; caches [num_blocks, block_size, KVH, D (+4 for int8)]; block_tables [S, W]
+// int32; seq_lens [S] int32; query_start [S + 1] int32 (rows of sequence s: query_start[s] ..
+// query_start[s + 1]). Returns [T, H, D] in the query's dtype.
+torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                              torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor query_start,
+                              double scale) {
+  TORCH_CHECK(query.device().is_cpu() && k_cache.device().is_cpu(), "paged_attention: CPU tensors only");
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "paged_attention: query [T, H, D] and two caches [blocks, block_size, KVH, width] of one shape");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "paged_attention: K and V caches differ in dtype");
+  TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "paged_attention: ", query.size(1),
+              " query heads are not a multiple of ", k_cache.size(2), " KV heads");
+  const int64_t width = k_cache.scalar_type() == torch::kChar ? query.size(2) + 4 : query.size(2);
+  TORCH_CHECK(k_cache.size(3) == width, "paged_attention: cache rows of ", k_cache.size(3),
+              " elements, expected ", width, " for head_dim ", query.size(2));
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt && seq_lens.scalar_type() == torch::kInt &&
+                  query_start.scalar_type() == torch::kInt,
+              "paged_attention: block_tables, seq_lens and query_start must be int32");
+  TORCH_CHECK(query_start.size(0) == seq_lens.size(0) + 1 && block_tables.size(0) == seq_lens.size(0),
+              "paged_attention: one table and one length per sequence, query_start one longer");
+  query = query.contiguous();
+  k_cache = k_cache.contiguous();
+  v_cache = v_cache.contiguous();
+  block_tables = block_tables.contiguous();
+  auto out = torch::empty_like(query);
+  switch (query.scalar_type()) {
+    case torch::kFloat: dispatch_cache<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case torch::kBFloat16: dispatch_cache<at::BFloat16>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    case torch::kHalf: dispatch_cache<at::Half>(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out); break;
+    default: TORCH_CHECK(false, "paged_attention: query dtype ", query.scalar_type(), " is not float32, bfloat16 or float16");
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &paged_attention, "PagedAttention over a paged KV cache, read in place (CPU)");
+}
