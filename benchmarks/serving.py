@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from minivllm.engine.cpu_threads import machine_cpu_seconds
 from minivllm.workloads import LogNormalLengths, Trace, shared_prefix
 
 CONFIGS = {
@@ -420,15 +421,6 @@ def tree_cpu_seconds(root: int) -> float:
             total += (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
         todo += children.get(pid, [])
     return total
-
-
-def machine_cpu_seconds() -> float | None:
-    try:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_sample(server_pid: int) -> tuple[float | None, float, float, float]:

@@ -49,6 +49,7 @@ import torch
 
 import minivllm
 from minivllm import LLM, SamplingParams
+from minivllm.engine.cpu_threads import machine_cpu_seconds
 from minivllm.model import ModelConfig
 from minivllm.workloads import LogNormalLengths, Trace, chat
 
@@ -115,17 +116,6 @@ class Mismatch:
 
 
 # --- how busy the machine was --------------------------------------------------------------
-def machine_cpu_seconds() -> float | None:
-    """CPU seconds all processes have used since boot, plus time the hypervisor gave our
-    virtual CPUs to someone else (steal); None where ``/proc/stat`` does not exist."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def own_cpu_seconds() -> float:
     """CPU seconds of this process (all its threads) and of its children that have exited."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

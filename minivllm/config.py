@@ -92,7 +92,7 @@ class EngineArgs:
     scheduling_policy: Any = "fcfs"  # "fcfs" | "priority" | <SchedulingPolicy instance>
     tokenizer: str | None = None  # tokenizer directory if not the model's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts in, token ids out
-    cpu_threads: int | None = None  # torch threads on a CPU; None: 1 for small models (see engine)
+    cpu_threads: int | None = None  # torch threads on a CPU; None: the cores free at build (engine/cpu_threads.py)
     debug_checks: bool = False  # check KV invariants and every K/V read after each step
     engine_core: Any = None  # the step loop: an EngineCore subclass or factory (default EngineCore)
     # the engine core (scheduler, KV cache, model) in a process of its own, reached through

@@ -27,6 +27,7 @@ from minivllm.config import (
 )
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.messages import CoreReady
+from minivllm.engine.cpu_threads import free_cpu_threads
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.math_utils import cdiv
 from minivllm.model.config import ModelConfig
@@ -37,7 +38,6 @@ from minivllm.spec_decode.decoder import SpeculativeDecoder
 from minivllm.spec_decode.draft_model import DraftModelProposer
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20  # 256 MiB: 128k tokens of the tiny model
-SMALL_MODEL_HIDDEN_SIZE = 1024  # below it, one CPU thread (see set_cpu_threads)
 _BOOKKEEPING_BYTES_PER_BLOCK = 200  # a KVCacheBlock object and its list entries, roughly
 logger = logging.getLogger("minivllm")
 
@@ -69,7 +69,7 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
     model, _ = load_model(model_path, dtype=args.dtype, device=args.device,
                           attention_backend=args.attention_backend)
     device = model.lm_head.weight.device
-    set_cpu_threads(args, model.config, device)
+    set_cpu_threads(args, device)
     cfg = model.config
     max_model_len = resolve_max_model_len(args, cfg.max_position_embeddings, cfg.sliding_window)
     kv_dtype = kv_cache_torch_dtype(args.kv_cache_dtype, resolve_dtype(args.dtype, device))
@@ -115,19 +115,14 @@ def load_draft_model(args: EngineArgs, target: LlamaFamilyModel) -> LlamaFamilyM
     return draft
 
 
-def set_cpu_threads(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> None:
-    """On a CPU, choose torch's (process-wide) thread count. A small model's matmuls are too
-    small to gain much from a second thread, while threads that compete with other work for
-    the cores lose badly (a parallel operation waits for its slowest thread): measured by
-    ``benchmarks/vs_vllm.py`` and ``benchmarks/throughput.py``, see "Threads" in
-    docs/benchmarks.md. So small models (hidden size < 1024) get 1 thread unless
-    ``cpu_threads`` says otherwise; larger models keep torch's default."""
+def set_cpu_threads(args: EngineArgs, device: torch.device) -> None:
+    """On a CPU, set torch's (process-wide) thread count: ``cpu_threads`` when given, else the
+    cores the machine has free as the engine is built (``cpu_threads.free_cpu_threads``: a
+    thread on a core another process keeps busy makes every parallel operation wait for it)."""
     if device.type != "cpu":
         return
-    threads = args.cpu_threads
-    if threads is None and cfg.hidden_size < SMALL_MODEL_HIDDEN_SIZE:
-        threads = 1
-    if threads is not None and threads != torch.get_num_threads():
+    threads = args.cpu_threads if args.cpu_threads is not None else free_cpu_threads()
+    if threads != torch.get_num_threads():
         logger.info("minivllm: torch.set_num_threads(%d) for the CPU engine", threads)
         torch.set_num_threads(threads)
 
