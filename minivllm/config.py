@@ -37,7 +37,7 @@ SCHEDULERS = ("continuous", "static")
 KV_CACHES = ("paged", "contiguous")
 ATTENTION_BACKENDS = ("auto", "cpp", "torch", "torch_padded", "triton")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-KV_CACHE_DTYPES = ("auto", "int8")  # "auto": the model's dtype; "int8": minivllm/attention/kv_quant.py
+KV_CACHE_DTYPES = ("auto", "int8")  # "auto": the model's dtype; how the others are stored: kv_quant.CACHE_STORAGE
 DEFAULT_TOKEN_BUDGET = 2048
 
 

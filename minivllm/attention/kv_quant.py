@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8")  # the engine argument's choices (minivllm.config repeats them)
+# How each non-"auto" value of the engine argument kv_cache_dtype is stored ("auto": in the model's
+# dtype). minivllm.config owns the argument's names (KV_CACHE_DTYPES, checked without torch);
+# a test checks that they are "auto" and these keys.
+CACHE_STORAGE = {"int8": torch.int8}
 SCALE_BYTES = 4  # one float32 per row
 QMAX = 127  # codes lie in [-127, 127]: symmetric, -128 is never written
 INT8_BACKENDS = ("cpp", "torch", "triton")  # the built-in backends that read an int8 cache
@@ -145,6 +148,6 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
     """The torch dtype of the cache tensors for the engine argument ``kv_cache_dtype``."""
     if kv_cache_dtype == "auto":
         return model_dtype
-    if kv_cache_dtype == "int8":
-        return torch.int8
-    raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+    if kv_cache_dtype in CACHE_STORAGE:
+        return CACHE_STORAGE[kv_cache_dtype]
+    raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {('auto', *CACHE_STORAGE)}")

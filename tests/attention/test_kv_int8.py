@@ -25,7 +25,7 @@ import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.attention import get_attention_backend
 from minivllm.attention.kv_quant import (
-    KV_CACHE_DTYPES,
+    CACHE_STORAGE,
     SCALE_BYTES,
     dequantize_rows,
     quantize_rows,
@@ -38,8 +38,7 @@ from minivllm.attention.testing import (
     int8_problem,
     make_paged_problem,
 )
-from minivllm.config import KV_CACHE_DTYPES as CONFIG_KV_CACHE_DTYPES
-from minivllm.config import EngineArgs
+from minivllm.config import KV_CACHE_DTYPES, EngineArgs
 from minivllm.engine.core_client import local_core
 from minivllm.model.config import INT8_SCALE_BYTES, ModelConfig
 
@@ -71,7 +70,8 @@ def test_head_dim_must_be_a_multiple_of_four():
 
 
 def test_the_constants_agree():
-    assert KV_CACHE_DTYPES == CONFIG_KV_CACHE_DTYPES == ("auto", "int8")
+    assert KV_CACHE_DTYPES == ("auto", *CACHE_STORAGE) == ("auto", "int8")
+    assert CACHE_STORAGE["int8"] is torch.int8
     assert INT8_SCALE_BYTES == SCALE_BYTES == torch.finfo(torch.float32).bits // 8
 
 
