@@ -6,27 +6,22 @@ and one for V), builds a mask, and runs SDPA over the copy. The copy is as large
 attention then reads, and for a small model the calls around it cost more than the
 arithmetic. This backend hands every short sequence of the step (a decode, a decode verifying
 speculative drafts, a short chunk over a cached context: ``torch_ragged.sort_sequences``) to one
-C++ kernel per layer, ``csrc/paged_attention_cpu.cpp``, which walks each sequence's block table
+C++ kernel per layer, ``minivllm/csrc/paged_attention_cpu.h``, which walks each sequence's block table
 and reads the K/V rows in place, block by block, with an online softmax: no gather, no mask, no
 bucket, and no slot the sequence does not own is read. Prompts and long chunks keep SDPA
 (``torch_ragged.prefill_attention``), whose blocked matrix products beat a loop over keys there.
 
-The kernel is compiled on first use with PyTorch's C++ extension loader (a C++ compiler with
-OpenMP and ``ninja`` are needed; both are on Linux and Colab) and cached on disk
-(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): the first build takes about
-half a minute, later processes load it in well under a second. :func:`kernel_status` tells
-whether it builds here; ``attention_backend="auto"`` takes this backend on a CPU when it does,
-and the ``"torch"`` backend otherwise.
+The kernel is built on first use with minivllm's other CPU kernels (:mod:`minivllm.cpu_kernels`:
+about half a minute once per machine, then cached on disk). ``kernel_status`` tells whether it
+builds here; ``attention_backend="auto"`` takes this backend on a CPU when it does, and the
+``"torch"`` backend otherwise.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import threading
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -40,52 +35,9 @@ from minivllm.attention.torch_ragged import (
     prefill_attention,
     sort_sequences,
 )
+from minivllm.cpu_kernels import kernel_status, load_kernels
 from minivllm.transfer import to_device
 from minivllm.withheld import check_available
-
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention_cpu.cpp"
-EXTENSION_NAME = "minivllm_paged_attention_cpu"
-# -march=native: the cache directory is the machine's own; OpenMP for at::parallel_for's threads
-COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp"]
-
-
-_BUILD_LOCK = threading.Lock()  # one build per process, whichever thread asks first
-
-
-@functools.lru_cache(maxsize=1)
-def _load_extension():
-    from torch.utils.cpp_extension import load  # imports setuptools machinery: only when needed
-
-    # torch's loader locks the build directory against other processes building at once
-    return load(EXTENSION_NAME, [str(SOURCE)], extra_cflags=COMPILE_FLAGS, extra_ldflags=["-fopenmp"],
-                verbose=os.environ.get("MINIVLLM_VERBOSE_BUILD") == "1")
-
-
-def load_kernel():
-    """The compiled extension (built on the first call of the process, from the disk cache after
-    the first build on the machine). Raises ``RuntimeError`` saying why it cannot be built."""
-    try:
-        with _BUILD_LOCK:
-            return _load_extension()
-    except Exception as exc:  # a missing compiler, OpenMP or ninja surfaces as several types
-        raise RuntimeError(
-            f"the 'cpp' attention backend could not build its kernel ({SOURCE.name}): "
-            f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''} "
-            "(it needs a C++ compiler with OpenMP and ninja; attention_backend='torch' needs neither)"
-        ) from exc
-
-
-@functools.lru_cache(maxsize=1)
-def kernel_status() -> str | None:
-    """``None`` when the kernel builds (or is already built) on this machine, else the reason it
-    does not. ``MINIVLLM_NO_CPP=1`` turns the backend off without trying."""
-    if os.environ.get("MINIVLLM_NO_CPP") == "1":
-        return "MINIVLLM_NO_CPP=1 is set"
-    try:
-        load_kernel()
-    except RuntimeError as exc:
-        return str(exc)
-    return None
 
 
 def auto_cpu_backend() -> str:
@@ -111,7 +63,7 @@ def paged_attention_cpu(
     """Causal attention of each sequence's new tokens (its last positions) over its cache, read
     through its block table; K/V of the new tokens must already be stored. ``[T, H, D]``."""
     check_available("attention", "paged_attention_cpu")
-    return load_kernel().paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale)
+    return load_kernels().paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale)
 
 
 @dataclass
@@ -171,7 +123,7 @@ class CppAttentionBackend:
         check_cache_dtype(self.name, dtype, int8=True)
         if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int8):
             raise ValueError(f"attention_backend='cpp' reads float32, bfloat16, float16 or int8 caches, not {dtype}")
-        load_kernel()  # a machine that cannot build it fails here, when the engine is built
+        load_kernels()  # a machine that cannot build it fails here, when the engine is built
 
     def forward(
         self,

@@ -5,7 +5,9 @@ sequence's new tokens laid end to end (``input_ids [T]``, ``positions [T]``) plu
 :class:`~minivllm.attention.AttentionMetadata` that says where each sequence starts, where each
 token's K/V goes in the paged cache, and which blocks each sequence may read. Everything except
 attention is per token, so it runs on the flat batch unchanged; attention is delegated to a
-backend that reads each sequence's context through its block table.
+backend that reads each sequence's context through its block table. The per-token operations
+(RMSNorm, RoPE, SiLU-and-multiply) come from ``layer_ops`` (:mod:`minivllm.model.layer_ops`): the
+PyTorch forms, or the same in C++ for a float32 model on a CPU.
 
 Module and parameter names match Hugging Face checkpoints so that weights load by name, except
 two merges that save matmul launches at every layer (as vLLM does): ``q_proj``/``k_proj``/
@@ -16,31 +18,30 @@ two merges that save matmul launches at every layer (as vLLM does): ``q_proj``/`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention import KVCacheRequirements
 from minivllm.attention.kv_quant import INT8_BACKENDS, int8_row_width
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.model.config import ModelConfig
-from minivllm.model.rope import RotaryEmbedding, apply_rotary
+from minivllm.model.layer_ops import LayerOps, TorchLayerOps
+from minivllm.model.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, ops: LayerOps):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.ops = eps, ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Hugging Face's order: normalise in float32, cast back, then scale by the weight
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend):
+    def __init__(self, cfg: ModelConfig, backend, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = self.head_dim**-0.5
         # q, k and v in one matmul (checkpoints store them apart; the loader stacks them)
@@ -48,8 +49,8 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k before RoPE
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops)
         self.backend = backend
         # Bound by Model.bind_kv_cache: [num_blocks, block_size, num_kv_heads, head_dim] each
         # (head_dim + 4 int8 bytes per row for an 8-bit cache).
@@ -64,7 +65,7 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
         if self.k_cache is None:
             raise RuntimeError("no KV cache bound: call Model.bind_kv_cache(...) first")
         out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
@@ -72,24 +73,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         # gate and up in one matmul (stacked by the loader)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend):
+    def __init__(self, cfg: ModelConfig, backend, ops: LayerOps):
         super().__init__()
-        self.self_attn = Attention(cfg, backend)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, backend, ops)
+        self.mlp = MLP(cfg, ops)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
     def forward(self, x, cos, sin, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
@@ -99,21 +100,24 @@ class DecoderLayer(nn.Module):
 class DecoderStack(nn.Module):
     """Hugging Face's ``model.*`` submodule: embeddings, layers, final norm."""
 
-    def __init__(self, cfg: ModelConfig, backend):
+    def __init__(self, cfg: ModelConfig, backend, ops: LayerOps):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
 
 class LlamaFamilyModel(nn.Module):
     """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``;
-    ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` only for the rows that are sampled."""
+    ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` only for the rows that are sampled.
+    ``layer_ops``: how RMSNorm, RoPE and SiLU-and-multiply are computed
+    (:mod:`minivllm.model.layer_ops`; PyTorch's by default)."""
 
-    def __init__(self, cfg: ModelConfig, backend):
+    def __init__(self, cfg: ModelConfig, backend, layer_ops: LayerOps | None = None):
         super().__init__()
         self.config = cfg
-        self.model = DecoderStack(cfg, backend)
+        self.layer_ops = layer_ops or TorchLayerOps()
+        self.model = DecoderStack(cfg, backend, self.layer_ops)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

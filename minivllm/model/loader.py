@@ -11,6 +11,7 @@ from safetensors import safe_open
 from minivllm.attention import AttentionBackend, get_attention_backend
 from minivllm.core.interfaces import check_implements
 from minivllm.model.config import TINY_MODEL_DIR, ModelConfig
+from minivllm.model.layer_ops import layer_ops_for
 from minivllm.model.llama import LlamaFamilyModel
 
 _DTYPES = {
@@ -154,8 +155,9 @@ def load_model(
     else:
         check_implements(attention_backend, AttentionBackend, "attention_backend")
         backend = attention_backend
+    layer_ops = layer_ops_for(device, torch_dtype)
     with torch.device("meta"):
-        net = LlamaFamilyModel(cfg, backend)
+        net = LlamaFamilyModel(cfg, backend, layer_ops)
     net = net.to_empty(device=device).to(torch_dtype)
     net.rotary.reset_parameters()  # to_empty leaves the (float32) RoPE buffer uninitialised
     if cfg.tie_word_embeddings:

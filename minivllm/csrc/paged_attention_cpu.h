@@ -15,6 +15,8 @@
 // rows [num_blocks, block_size, KVH, D + 4]: D codes and a float32 scale (kv_quant.py).
 // Arithmetic is float32 whatever the storage; the output has the query's dtype.
 
+#pragma once
+
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -25,6 +27,8 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#include "vec8.h"
 
 namespace {
 
@@ -39,38 +43,6 @@ inline void load_row<int8_t>(const int8_t* row, int64_t head_dim, float* dst) {
   float scale;
   std::memcpy(&scale, row + head_dim, sizeof(float));  // the 4 bytes after the codes
   for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<float>(row[d]) * scale;
-}
-
-// Eight floats in one value of GCC's and Clang's vector extension: the compiler maps it onto
-// the machine's SIMD registers (AVX, AVX-512, NEON) and keeps the loops below in them.
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-
-inline f8 load8(const float* p) {
-  f8 x;
-  std::memcpy(&x, p, sizeof(x));
-  return x;
-}
-
-inline void store8(float* p, f8 x) { std::memcpy(p, &x, sizeof(x)); }
-
-inline float sum8(f8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
-
-// exp_nonpositive for eight values at once (round to nearest is trunc(t - 0.5) for t <= 0).
-inline f8 exp8_nonpositive(f8 x) {
-  const i8 keep = x > -87.f;  // all ones where e^x is kept
-  x = keep ? x : f8{} - 87.f;
-  const i8 k = __builtin_convertvector(x * 1.44269504f - 0.5f, i8);
-  const f8 kf = __builtin_convertvector(k, f8);
-  const f8 r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
-  f8 p = r * (1.f / 720.f) + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const f8 two_k = (f8)((k + 127) << 23);
-  return (f8)((i8)(p * two_k) & keep);
 }
 
 // One query row over the `visible` keys of one block: the online-softmax step (running maximum
@@ -265,8 +237,4 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     default: TORCH_CHECK(false, "paged_attention: query dtype ", query.scalar_type(), " is not float32, bfloat16 or float16");
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "PagedAttention over a paged KV cache, read in place (CPU)");
 }

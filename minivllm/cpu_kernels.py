@@ -1,0 +1,69 @@
+"""minivllm's C++ kernels for the CPU: built on first use, cached on disk, loaded as one module.
+
+``minivllm/csrc/`` holds them: ``paged_attention_cpu.h`` (the ``"cpp"`` attention backend's
+kernel, :mod:`minivllm.attention.cpp_backend`) and ``layer_ops_cpu.h`` (RMSNorm, rotary
+embeddings and SiLU-and-multiply, :mod:`minivllm.model.layer_ops`), compiled as one translation
+unit by ``bindings.cpp``, which names them for Python. PyTorch's C++ extension loader compiles them into one
+module the first time a process asks (a C++ compiler with OpenMP and ``ninja`` are needed; both
+are on Linux and Colab), about half a minute once per machine, and caches the result
+(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): later processes load it in
+well under a second, offline. :func:`kernel_status` says whether it builds here; without it the
+engine runs the same computation in PyTorch.
+
+This module imports nothing from ``minivllm``, so the attention package and the model can both
+use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = [CSRC / "bindings.cpp"]  # which includes the kernels' headers
+EXTENSION_NAME = "minivllm_cpu_kernels"
+# -march=native: the cache directory is the machine's own; OpenMP for at::parallel_for's threads
+COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+_BUILD_LOCK = threading.Lock()  # one build per process, whichever thread asks first
+
+
+@functools.lru_cache(maxsize=1)
+def _build():
+    from torch.utils.cpp_extension import load  # imports setuptools machinery: only when needed
+
+    # torch's loader locks the build directory against other processes building at once (and
+    # ninja rebuilds what an edited header touches)
+    return load(EXTENSION_NAME, [str(p) for p in SOURCES], extra_cflags=COMPILE_FLAGS,
+                extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)],
+                verbose=os.environ.get("MINIVLLM_VERBOSE_BUILD") == "1")
+
+
+def load_kernels():
+    """The compiled module (built on the first call of the process, from the disk cache after
+    the first build on the machine). Raises ``RuntimeError`` saying why it cannot be built."""
+    try:
+        with _BUILD_LOCK:
+            return _build()
+    except Exception as exc:  # a missing compiler, OpenMP or ninja surfaces as several types
+        lines = str(exc).strip().splitlines()
+        raise RuntimeError(
+            f"minivllm's CPU kernels (minivllm/csrc) could not be built: {type(exc).__name__}: "
+            f"{lines[-1] if lines else ''} (they need a C++ compiler with OpenMP and ninja)"
+        ) from exc
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_status() -> str | None:
+    """``None`` when the kernels build (or are already built) on this machine, else the reason
+    they do not. ``MINIVLLM_NO_CPP=1`` answers as a machine without them, without trying (the
+    engine then takes its PyTorch paths)."""
+    if os.environ.get("MINIVLLM_NO_CPP") == "1":
+        return "MINIVLLM_NO_CPP=1 is set"
+    try:
+        load_kernels()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
