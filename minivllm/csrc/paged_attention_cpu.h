@@ -9,7 +9,9 @@
 // with an online softmax (running maximum m, running sum l, rescaled accumulator), as in the
 // Triton kernel: nothing is gathered, no mask is built, and no slot the sequence does not own is
 // read (only positions < seq_len of its own blocks), so whatever other slots hold, NaN
-// included, cannot reach the result.
+// included, cannot reach the result. Scores are taken eight keys at a time and values summed
+// for up to four rows at once, so that independent chains of multiply-adds overlap; every sum
+// is added in the order it would be alone, so the result does not depend on that grouping.
 //
 // A cache holds float32, bfloat16 or float16 rows [num_blocks, block_size, KVH, D], or int8
 // rows [num_blocks, block_size, KVH, D + 4]: D codes and a float32 scale (kv_quant.py).
@@ -45,18 +47,35 @@ inline void load_row<int8_t>(const int8_t* row, int64_t head_dim, float* dst) {
   for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<float>(row[d]) * scale;
 }
 
-// One query row over the `visible` keys of one block: the online-softmax step (running maximum
-// m, running sum l, accumulator acc rescaled by e^(old max - new max)). kD > 0, a multiple of 8:
-// the row, its scores and its accumulator live in vector registers; kD = 0: any head_dim.
+// One query row over the `visible` keys of one block, the online softmax's first half: the
+// scores become their weights e^(score - new max) in sc, the running maximum m and sum l are
+// updated, and the factor e^(old max - new max) the row's accumulator is to be rescaled by is
+// returned. kD > 0, a multiple of 8: the row and its scores live in vector registers; kD = 0:
+// any head_dim.
 template <int kD>
-inline void attend_block(const float* qr, const float* const* k_rows, const float* const* v_rows,
-                         int64_t visible, float* sc, float& m, float& l, float* acc, int64_t head_dim) {
+inline float weigh_block(const float* qr, const float* const* k_rows, int64_t visible, float* sc, float& m,
+                         float& l, int64_t head_dim) {
   float block_max = m;
   if constexpr (kD > 0) {
     constexpr int kV = kD / 8;
     f8 q[kV];
     for (int j = 0; j < kV; ++j) q[j] = load8(qr + 8 * j);
-    for (int64_t o = 0; o < visible; ++o) {
+    int64_t o = 0;
+    // eight keys at a time: eight independent dot products, then their eight sums in one go
+    f8 max_lanes = f8{} + block_max;
+    for (; o + 8 <= visible; o += 8) {
+      f8 t[8];
+      for (int p = 0; p < 8; ++p) {
+        const float* k = k_rows[o + p];
+        t[p] = q[0] * load8(k);
+        for (int j = 1; j < kV; ++j) t[p] += q[j] * load8(k + 8 * j);
+      }
+      const f8 s = sum8x8(t);
+      store8(sc + o, s);
+      max_lanes = max_lanes > s ? max_lanes : s;
+    }
+    block_max = max8(max_lanes);
+    for (; o < visible; ++o) {
       const float* k = k_rows[o];
       f8 t = q[0] * load8(k);
       for (int j = 1; j < kV; ++j) t += q[j] * load8(k + 8 * j);
@@ -83,21 +102,46 @@ inline void attend_block(const float* qr, const float* const* k_rows, const floa
   const float alpha = exp8_nonpositive(f8{} + (m - block_max))[0];  // 0 on the first block
   m = block_max;
   l = l * alpha + sum8(sum);
-  if constexpr (kD > 0) {
-    constexpr int kV = kD / 8;
-    f8 a[kV];
-    for (int j = 0; j < kV; ++j) a[j] = load8(acc + 8 * j) * alpha;
-    for (int64_t o = 0; o < visible; ++o) {
-      const float p = sc[o];
-      const float* v = v_rows[o];
-      for (int j = 0; j < kV; ++j) a[j] += p * load8(v + 8 * j);
+  return alpha;
+}
+
+// The second half for kR rows that read the same keys (the query heads of one KV head, for one
+// new token): acc_i <- acc_i * alpha_i + sum_o w_i[o] * v[o]. Each value row is loaded once for
+// all kR rows, and their kR * kD / 8 accumulators are independent chains of multiply-adds, so
+// they overlap; each row's sum is taken in the same order as with one row at a time.
+template <int kD, int kR>
+inline void accumulate_values(const float* const* weights, const float* alphas, const float* const* v_rows,
+                              int64_t visible, float* const* accs) {
+  constexpr int kV = kD / 8;
+  f8 a[kR][kV];
+  for (int i = 0; i < kR; ++i)
+    for (int j = 0; j < kV; ++j) a[i][j] = load8(accs[i] + 8 * j) * alphas[i];
+  for (int64_t o = 0; o < visible; ++o) {
+    const float* v = v_rows[o];
+    f8 vv[kV];
+    for (int j = 0; j < kV; ++j) vv[j] = load8(v + 8 * j);
+    for (int i = 0; i < kR; ++i) {
+      const float w = weights[i][o];
+      for (int j = 0; j < kV; ++j) a[i][j] += w * vv[j];
     }
-    for (int j = 0; j < kV; ++j) store8(acc + 8 * j, a[j]);
-  } else {
-    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= alpha;
-    for (int64_t o = 0; o < visible; ++o)
-      for (int64_t d = 0; d < head_dim; ++d) acc[d] += sc[o] * v_rows[o][d];
   }
+  for (int i = 0; i < kR; ++i)
+    for (int j = 0; j < kV; ++j) store8(accs[i] + 8 * j, a[i][j]);
+}
+
+// Any head_dim, one row.
+inline void accumulate_values_any(const float* w, float alpha, const float* const* v_rows, int64_t visible,
+                                  float* acc, int64_t head_dim) {
+  for (int64_t d = 0; d < head_dim; ++d) acc[d] *= alpha;
+  for (int64_t o = 0; o < visible; ++o)
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] += w[o] * v_rows[o][d];
+}
+
+// How many rows accumulate_values takes at once: their accumulators and a value row fit the
+// 32 vector registers of AVX-512 (16 of AVX2 spill a little at head_dim 32).
+template <int kD>
+constexpr int rows_at_once() {
+  return kD / 8 >= 16 ? 1 : (kD / 8 >= 8 ? 2 : 4);
 }
 
 template <int kD, typename scalar_t, typename cache_t>
@@ -124,7 +168,12 @@ void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torc
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     // per thread: the item's query rows and accumulators; the block's K and V rows as float32
     // pointers (into the cache itself for a float32 cache, else into a converted copy)
-    std::vector<float> q_rows, acc, m, l, k_copy, v_copy, scores((block_size + 7) / 8 * 8);
+    constexpr int64_t kRows = kD > 0 ? rows_at_once<kD>() : 1;  // rows whose values are summed together
+    const int64_t padded_block = (block_size + 7) / 8 * 8;
+    std::vector<float> q_rows, acc, m, l, k_copy, v_copy, scores(kRows * padded_block);
+    float* weights[kRows];
+    float* accs[kRows];
+    float alphas[kRows];
     std::vector<const float*> k_rows(block_size), v_rows(block_size);
     if (!kFloatCache) {
       k_copy.resize(block_size * head_dim);
@@ -161,12 +210,30 @@ void attend(const torch::Tensor& query, const torch::Tensor& k_cache, const torc
             v_rows[o] = v_copy.data() + o * head_dim;
           }
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          // new token r / group reads positions <= context + r / group
-          const int64_t visible = std::min(n, context + r / group - start + 1);
+        for (int64_t token = 0; token < q_len; ++token) {
+          // new token `token` (rows token * group .. + group) reads positions <= context + token
+          const int64_t visible = std::min(n, context + token - start + 1);
           if (visible <= 0) continue;
-          attend_block<kD>(q_rows.data() + r * head_dim, k_rows.data(), v_rows.data(), visible,
-                           scores.data(), m[r], l[r], acc.data() + r * head_dim, head_dim);
+          for (int64_t r0 = token * group; r0 < (token + 1) * group; r0 += kRows) {
+            const int64_t nr = std::min<int64_t>(kRows, (token + 1) * group - r0);
+            for (int64_t i = 0; i < nr; ++i) {
+              const int64_t r = r0 + i;
+              weights[i] = scores.data() + i * padded_block;
+              accs[i] = acc.data() + r * head_dim;
+              alphas[i] = weigh_block<kD>(q_rows.data() + r * head_dim, k_rows.data(), visible, weights[i],
+                                          m[r], l[r], head_dim);
+            }
+            if constexpr (kD > 0) {
+              switch (nr) {
+                case 4: accumulate_values<kD, 4>(weights, alphas, v_rows.data(), visible, accs); break;
+                case 3: accumulate_values<kD, 3>(weights, alphas, v_rows.data(), visible, accs); break;
+                case 2: accumulate_values<kD, 2>(weights, alphas, v_rows.data(), visible, accs); break;
+                default: accumulate_values<kD, 1>(weights, alphas, v_rows.data(), visible, accs);
+              }
+            } else {
+              accumulate_values_any(weights[0], alphas[0], v_rows.data(), visible, accs[0], head_dim);
+            }
+          }
         }
       }
       for (int64_t r = 0; r < rows; ++r) {

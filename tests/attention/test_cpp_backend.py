@@ -108,3 +108,21 @@ def test_auto_falls_back_to_the_torch_backend_where_the_kernel_does_not_build(mo
     monkeypatch.undo()
     assert get_attention_backend("auto", "cpu").name == "cpp"
     assert attention.BACKENDS["cpp"]().name == "cpp"
+
+
+@pytest.mark.parametrize("num_heads, head_dim", [(6, 32), (8, 32), (4, 64)], ids=["group3", "group4", "d64"])
+def test_the_heads_of_a_group_give_what_each_gives_alone(num_heads, head_dim):
+    """The kernel sums the values of up to four query heads of a KV head together, and takes the
+    scores eight keys at a time: each head's output must be the float it is when that head is
+    the only one of its group (kept apart from the grouping, to the bit)."""
+    problem = make_paged_problem(STEP, num_heads=num_heads, num_kv_heads=2, head_dim=head_dim, seed=5,
+                                 dtype=torch.float32)
+    k_cache, v_cache = problem.caches(after=True)
+    meta, group = problem.meta, num_heads // 2
+    together = cpp_backend.paged_attention_cpu(problem.query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                               meta.query_start_loc, problem.scale)
+    for j in range(group):
+        heads = [kv * group + j for kv in range(2)]  # head j of each KV head: groups of one
+        alone = cpp_backend.paged_attention_cpu(problem.query[:, heads].contiguous(), k_cache, v_cache,
+                                                meta.block_tables, meta.seq_lens, meta.query_start_loc, problem.scale)
+        assert torch.equal(together[:, heads], alone), f"head {j} of each group"
