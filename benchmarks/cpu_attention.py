@@ -42,7 +42,8 @@ from minivllm.attention.metadata import AttentionMetadata  # noqa: E402
 from minivllm.attention.torch_ragged import paged_attention_ragged, plan_step  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 32, 16
-LOAD_SNIPPET = ("import time; t = time.perf_counter(); from minivllm.cpu_kernels import load_kernels; "
+# torch and torch's extension loader are imported before the clock starts: every engine pays for those
+LOAD_SNIPPET = ("import time, torch, torch.utils.cpp_extension; from minivllm.cpu_kernels import load_kernels; "
                 "t1 = time.perf_counter(); load_kernels(); print(time.perf_counter() - t1)")
 
 
