@@ -18,10 +18,13 @@ listener (``EngineCore.add_step_listener``) reads when each step started and end
 * ``outputs``          everything between steps: ``OutputProcessor.process`` (detokenizing,
                        ``RequestOutput``) and ``LLM.generate``'s routing
 
-    python benchmarks/step_profile.py [--requests 128] [--threads 1] [--max-num-seqs 64] [--ops]
+    python benchmarks/step_profile.py [--requests 128] [--threads 1] [--max-num-seqs 64] [--ops] [--functions]
 
 ``--ops`` serves the trace a second time under ``torch.profiler`` and prints the operators that
 take the most time (matrix multiplies of the linear layers, attention, the K/V gathers, ...).
+``--functions`` serves it under ``cProfile`` and prints the functions with the most time of their
+own: minivllm's C++ kernels (``minivllm_cpu_kernels.*``), which are called through pybind and so
+are not operators torch.profiler sees, stand there beside ``torch._C._nn.linear`` and the Python.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import argparse
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -153,6 +157,26 @@ def op_profile(requests: int, max_num_seqs: int, seed: int = 0, top: int = 12) -
     return "\n".join(lines)
 
 
+def function_profile(requests: int, max_num_seqs: int, seed: int = 0, top: int = 12) -> str:
+    """The same trace under ``cProfile``: a table of the functions with the most time of their own."""
+    import cProfile
+    import pstats
+
+    llm, prompts, params = warm_engine(requests, max_num_seqs, seed)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    llm.generate(prompts, params, use_tqdm=False)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])
+    total = sum(v[2] for v in stats.values())
+    lines = ["| function | calls | own time (s) | share of all |", "|---|---:|---:|---:|"]
+    for (file, line, name), (calls, _, own, _, _) in rows[:top]:
+        where = name if file == "~" else f"{Path(file).name}:{line} {name}"
+        lines.append(f"| `{where}` | {calls} | {own:.2f} | {own / total:.1%} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=128)
@@ -160,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ops", action="store_true", help="also: the top operators under torch.profiler")
+    ap.add_argument("--functions", action="store_true", help="also: the top functions under cProfile")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"$ python benchmarks/step_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}")
@@ -179,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\ntorch.profiler, the same trace again (operators' self time, the profiler's own cost "
               "included):\n")
         print(op_profile(args.requests, args.max_num_seqs, args.seed))
+    if args.functions:
+        print("\ncProfile, the same trace again (each function's own time, the profiler's cost included):\n")
+        print(function_profile(args.requests, args.max_num_seqs, args.seed))
     return 0
 
 

@@ -30,3 +30,15 @@ def test_phases_cover_the_run():
     assert set(totals) == PHASES and all(v >= 0 for v in totals.values()), totals
     assert sum(totals.values()) == pytest.approx(wall)
     assert tokens == sum(it.output_len for it in bench.make_trace(3, 0))
+
+
+def test_the_function_profile_names_the_kernels_and_the_linear_layers():
+    """cProfile sees what torch.profiler cannot: the C++ kernels called through pybind."""
+    from minivllm.cpu_kernels import kernel_status
+
+    bench = load_script()
+    table = bench.function_profile(requests=3, max_num_seqs=2, top=200)
+    assert table.startswith("| function | calls | own time (s) | share of all |")
+    assert "torch._C._nn.linear" in table
+    if kernel_status() is None:
+        assert "minivllm_cpu_kernels.paged_attention" in table and "minivllm_cpu_kernels.rms_norm" in table
