@@ -6,7 +6,7 @@ embeddings and SiLU-and-multiply, :mod:`minivllm.model.layer_ops`), compiled as 
 unit by ``bindings.cpp``, which names them for Python. PyTorch's C++ extension loader compiles them into one
 module the first time a process asks (a C++ compiler with OpenMP and ``ninja`` are needed; both
 are on Linux and Colab), about half a minute once per machine, and caches the result
-(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): later processes load it in
+(:func:`build_directory`, under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): later processes load it in
 well under a second, offline. :func:`kernel_status` says whether it builds here; without it the
 engine runs the same computation in PyTorch.
 
@@ -16,8 +16,10 @@ use it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -30,15 +32,46 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp"]
 _BUILD_LOCK = threading.Lock()  # one build per process, whichever thread asks first
 
 
+def build_directory() -> Path:
+    """Where the extension is built and cached: under ``TORCH_EXTENSIONS_DIR`` (by default
+    ``~/.cache/torch_extensions``), one directory per Python and torch version."""
+    import torch
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    version = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
+    return Path(root) / f"{EXTENSION_NAME}_{version}"
+
+
+@contextlib.contextmanager
+def _one_builder(directory: Path):
+    """Hold the build directory against other processes, with a lock the operating system drops
+    when its process dies. torch's loader has its own lock, a file that a process killed while
+    building (Ctrl-C in a notebook's first cell) leaves behind, after which every later process
+    would wait for it forever; whoever holds this lock knows that file is stale and removes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock alone
+        yield
+        return
+    with open(directory / "minivllm.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)  # torch's, from a builder that died
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @functools.lru_cache(maxsize=1)
 def _build():
     from torch.utils.cpp_extension import load  # imports setuptools machinery: only when needed
 
-    # torch's loader locks the build directory against other processes building at once (and
-    # ninja rebuilds what an edited header touches)
-    return load(EXTENSION_NAME, [str(p) for p in SOURCES], extra_cflags=COMPILE_FLAGS,
-                extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)],
-                verbose=os.environ.get("MINIVLLM_VERBOSE_BUILD") == "1")
+    directory = build_directory()
+    with _one_builder(directory):  # ninja rebuilds what an edited header touches
+        return load(EXTENSION_NAME, [str(p) for p in SOURCES], extra_cflags=COMPILE_FLAGS,
+                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)], build_directory=str(directory),
+                    verbose=os.environ.get("MINIVLLM_VERBOSE_BUILD") == "1")
 
 
 def load_kernels():

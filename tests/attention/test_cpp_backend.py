@@ -126,3 +126,23 @@ def test_the_heads_of_a_group_give_what_each_gives_alone(num_heads, head_dim):
         alone = cpp_backend.paged_attention_cpu(problem.query[:, heads].contiguous(), k_cache, v_cache,
                                                 meta.block_tables, meta.seq_lens, meta.query_start_loc, problem.scale)
         assert torch.equal(together[:, heads], alone), f"head {j} of each group"
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_process():
+    """torch's loader locks the build directory with a file; a process killed while building
+    leaves it behind. The next process must still load the kernels, not wait for ever."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from minivllm import cpu_kernels
+
+    directory = cpu_kernels.build_directory()
+    with open(directory / "minivllm.lock", "w") as handle:  # as a builder would hold it
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (directory / "lock").write_text("")  # what the killed builder left
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    done = subprocess.run([sys.executable, "-c", "from minivllm.cpu_kernels import load_kernels; load_kernels()"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (directory / "lock").exists()
