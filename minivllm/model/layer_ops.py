@@ -61,19 +61,19 @@ class CpuLayerOps:
     name = "cpu"
 
     def __init__(self, kernels):
-        self._kernels = kernels
+        self.kernels = kernels
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() == 2:
-            return self._kernels.rms_norm(x, weight, eps)
-        return self._kernels.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+            return self.kernels.rms_norm(x, weight, eps)
+        return self.kernels.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        self._kernels.rotary_(x, cos, sin)
+        self.kernels.rotary_(x, cos, sin)
         return x
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return self._kernels.silu_and_mul(gate_up)
+        return self.kernels.silu_and_mul(gate_up)
 
 
 def layer_ops_for(device: torch.device, dtype: torch.dtype):
