@@ -88,29 +88,45 @@ torch::Tensor decoder_stack(torch::Tensor x, torch::Tensor cos, torch::Tensor si
   return rms_norm(x, final_norm, eps);
 }
 
-// num_steps passes of a greedy draft model over one new token per sequence, each pass fed the
-// previous one's argmax (the first pass: tokens [S] int64). Pass j writes its K/V at slots[j]
-// ([num_steps, S] int64), attends over seq_lens[j] ([num_steps, S] int32) positions and rotates by
-// cos[j], sin[j] ([num_steps, S, head_dim]). The logits are lm_head's product as nn.Linear
-// takes it and the argmax is torch's (the first of equal maxima): the draft tokens of the
-// module-by-module loop. Returns them, [num_steps, S] int64.
-torch::Tensor greedy_draft_steps(torch::Tensor tokens, torch::Tensor cos, torch::Tensor sin, torch::Tensor embedding,
-                                 torch::Tensor lm_head, std::vector<torch::Tensor> layers,
-                                 std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
-                                 torch::Tensor slots, torch::Tensor block_tables, torch::Tensor seq_lens,
-                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale, double eps,
-                                 torch::Tensor final_norm) {
-  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == torch::kLong, "greedy_draft_steps: tokens must be int64 [S]");
-  const int64_t num_seqs = tokens.size(0), num_steps = slots.size(0);
-  TORCH_CHECK(slots.dim() == 2 && slots.size(1) == num_seqs && seq_lens.sizes() == slots.sizes() &&
-                  cos.dim() == 3 && cos.size(0) == num_steps && cos.size(1) == num_seqs && sin.sizes() == cos.sizes(),
-              "greedy_draft_steps: slots and seq_lens [steps, S], cos and sin [steps, S, head_dim] for S = ", num_seqs);
-  const auto query_start = torch::arange(num_seqs + 1, tokens.options().dtype(torch::kInt));
-  auto out = torch::empty({num_steps, num_seqs}, tokens.options());
-  for (int64_t j = 0; j < num_steps; ++j) {
-    auto hidden = decoder_stack(at::embedding(embedding, tokens), cos[j], sin[j], layers, k_caches, v_caches, slots[j],
-                                block_tables, seq_lens[j], query_start, num_heads, num_kv_heads, head_dim, scale,
-                                eps, final_norm);
+// The passes of a greedy draft model that proposes num_steps tokens per sequence, in one call.
+// Pass 0 feeds each sequence the tokens its draft K/V lacks (first_tokens [T0] int64, rows of
+// sequence s from first_query_start[s], written at first_slots, rotated by first_cos/first_sin
+// [T0, head_dim], attending over first_seq_lens [S] positions); its logits are those of each
+// sequence's last row (last_rows [S] int64). Pass j >= 1 feeds the previous pass's argmax, one
+// token per sequence, written at slots[j - 1] ([num_steps - 1, S] int64), over seq_lens[j - 1]
+// ([num_steps - 1, S] int32) positions, rotated by cos[j - 1], sin[j - 1] ([num_steps - 1, S,
+// head_dim]). The logits are lm_head's product as nn.Linear takes it and the argmax is torch's
+// (the first of equal maxima): the draft tokens of the pass-by-pass loop. Returns them,
+// [num_steps, S] int64.
+torch::Tensor greedy_draft_steps(torch::Tensor first_tokens, torch::Tensor first_cos, torch::Tensor first_sin,
+                                 torch::Tensor first_slots, torch::Tensor first_seq_lens,
+                                 torch::Tensor first_query_start, torch::Tensor last_rows, torch::Tensor cos,
+                                 torch::Tensor sin, torch::Tensor slots, torch::Tensor seq_lens,
+                                 torch::Tensor block_tables, torch::Tensor embedding, torch::Tensor lm_head,
+                                 std::vector<torch::Tensor> layers, std::vector<torch::Tensor> k_caches,
+                                 std::vector<torch::Tensor> v_caches, int64_t num_heads, int64_t num_kv_heads,
+                                 int64_t head_dim, double scale, double eps, torch::Tensor final_norm) {
+  TORCH_CHECK(last_rows.dim() == 1 && last_rows.scalar_type() == torch::kLong && first_tokens.scalar_type() == torch::kLong,
+              "greedy_draft_steps: first_tokens and last_rows must be int64");
+  const int64_t num_seqs = last_rows.size(0), num_steps = slots.size(0) + 1;
+  TORCH_CHECK(first_seq_lens.size(0) == num_seqs && first_query_start.size(0) == num_seqs + 1 &&
+                  block_tables.size(0) == num_seqs,
+              "greedy_draft_steps: one table, length and last row per sequence, first_query_start one longer");
+  TORCH_CHECK(slots.dim() == 2 && slots.size(1) == num_seqs && seq_lens.sizes() == slots.sizes() && cos.dim() == 3 &&
+                  cos.size(0) == num_steps - 1 && cos.size(1) == num_seqs && sin.sizes() == cos.sizes(),
+              "greedy_draft_steps: slots and seq_lens [steps - 1, S], cos and sin [steps - 1, S, head_dim] for S = ",
+              num_seqs);
+  auto out = torch::empty({num_steps, num_seqs}, last_rows.options());
+  auto hidden = decoder_stack(at::embedding(embedding, first_tokens), first_cos, first_sin, layers, k_caches, v_caches,
+                              first_slots, block_tables, first_seq_lens, first_query_start, num_heads, num_kv_heads,
+                              head_dim, scale, eps, final_norm);
+  auto tokens = at::linear(hidden.index_select(0, last_rows), lm_head).argmax(-1);
+  out[0].copy_(tokens);
+  const auto query_start = torch::arange(num_seqs + 1, first_query_start.options());
+  for (int64_t j = 1; j < num_steps; ++j) {
+    hidden = decoder_stack(at::embedding(embedding, tokens), cos[j - 1], sin[j - 1], layers, k_caches, v_caches,
+                           slots[j - 1], block_tables, seq_lens[j - 1], query_start, num_heads, num_kv_heads, head_dim,
+                           scale, eps, final_norm);
     tokens = at::linear(hidden, lm_head).argmax(-1);
     out[j].copy_(tokens);
   }

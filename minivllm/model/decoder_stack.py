@@ -19,6 +19,7 @@ out.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,7 +27,7 @@ import torch
 
 from minivllm.attention.cpp_backend import CppAttentionBackend, plan_cpp_step
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.transfer import flatten_table, to_device
+from minivllm.transfer import to_device
 from minivllm.withheld import check_available
 
 if TYPE_CHECKING:
@@ -127,36 +128,47 @@ class CpuDecoderStack:
             cfg.head_dim, attn[0].scale, cfg.rms_norm_eps, view.norm[0][view.norm[1]])
 
 
-    def greedy_steps(self, model: LlamaFamilyModel, tokens: list[int], positions: list[int],
+    def greedy_steps(self, model: LlamaFamilyModel, feeds: list[list[int]], starts: list[int],
                      block_tables: list[list[int]], block_size: int, num_steps: int) -> list[list[int]] | None:
-        """``num_steps`` greedy passes of ``model`` over one token per sequence, in one call: the
-        first pass feeds ``tokens[i]`` at ``positions[i]``, each next one the previous pass's
-        argmax at the next position (what a draft model does to propose after its first pass).
-        Returns each sequence's ``num_steps`` tokens, or ``None`` where the kernel does not cover
-        the model (then the caller runs the passes one by one). The block tables must already
-        hold every position written."""
+        """The ``num_steps`` passes with which a greedy draft model proposes, in one call: the
+        first feeds sequence ``i`` its tokens ``feeds[i]`` at positions ``starts[i]`` onwards
+        (those whose K/V it lacks), each next pass the previous one's argmax at the next
+        position. Returns each sequence's ``num_steps`` tokens, or ``None`` where the kernel does
+        not cover the passes (a feed long enough to be a prompt, a model or cache it does not
+        take): then the caller runs them one by one. The block tables must already hold every
+        position written."""
         view = self._view(model)
         attn, weight = view.attention, model.model.embed_tokens.weight
-        if num_steps < 1 or not tokens or not self._covers(attn, weight):
+        if num_steps < 1 or not feeds or not self._covers(attn, weight):
+            return None
+        device, num_seqs = weight.device, len(feeds)
+        first_lens = [len(f) for f in feeds]
+        ends = [s + n for s, n in zip(starts, first_lens, strict=True)]  # positions after pass 0
+        first_pos = [p for s, e in zip(starts, ends, strict=True) for p in range(s, e)]
+        first_slots = [t[p // block_size] * block_size + p % block_size
+                       for t, s, e in zip(block_tables, starts, ends, strict=True) for p in range(s, e)]
+        meta = AttentionMetadata.build(first_lens, ends, block_tables, first_slots, block_size, device)
+        plan = plan_cpp_step(meta, device, weight.dtype)
+        if plan.tables is None or plan.short_rows is not None or plan.prefills or plan.kept_rows is not None:
             return None
         check_available("attention", "CppAttentionBackend.forward")
-        steps = range(num_steps)
-        pos = [[p + j for p in positions] for j in steps]  # [steps, S]
-        slots = [[table[p // block_size] * block_size + p % block_size for p, table in zip(row, block_tables, strict=True)]
-                 for row in pos]
-        width = max(len(t) for t in block_tables)
-        flat_pos = [p for row in pos for p in row]
-        tokens_t, pos_t, slots_t, lens_t, tables_t = to_device(
-            [(tokens, torch.long), (flat_pos, torch.long), ([s for row in slots for s in row], torch.long),
-             ([p + 1 for p in flat_pos], torch.int32), (flatten_table(block_tables, width), torch.int32)], weight.device)
-        cos, sin = model.rotary.cos_sin(pos_t, weight.dtype)
-        shape = (num_steps, len(tokens))
-        cfg = model.config
+        later = [[e + j - 1 for e in ends] for j in range(1, num_steps)]  # [steps - 1, S] positions
+        later_slots = [t[p // block_size] * block_size + p % block_size
+                       for row in later for t, p in zip(block_tables, row, strict=True)]
+        flat_later = [p for row in later for p in row]
+        last_rows = [e - 1 for e in itertools.accumulate(first_lens)]
+        tokens_t, first_pos_t, last_t, later_t, later_slots_t, later_lens_t = to_device(
+            [([t for f in feeds for t in f], torch.long), (first_pos, torch.long), (last_rows, torch.long),
+             (flat_later, torch.long), (later_slots, torch.long), ([p + 1 for p in flat_later], torch.int32)], device)
+        first_cos, first_sin = model.rotary.cos_sin(first_pos_t, weight.dtype)
+        cos, sin = model.rotary.cos_sin(later_t, weight.dtype)
+        shape, cfg = (num_steps - 1, num_seqs), model.config
         out = self.kernels.greedy_draft_steps(
-            tokens_t, cos.view(*shape, -1), sin.view(*shape, -1), weight, model.lm_head.weight, view.tensors(),
-            [a.k_cache for a in attn], [a.v_cache for a in attn], slots_t.view(shape), tables_t.view(len(tokens), width),
-            lens_t.view(shape), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn[0].scale, cfg.rms_norm_eps,
-            view.norm[0][view.norm[1]])
+            tokens_t, first_cos, first_sin, plan.kept_slots, plan.seq_lens, plan.query_start, last_t,
+            cos.view(*shape, cfg.head_dim), sin.view(*shape, cfg.head_dim), later_slots_t.view(shape), later_lens_t.view(shape),
+            plan.tables, weight, model.lm_head.weight, view.tensors(), [a.k_cache for a in attn],
+            [a.v_cache for a in attn], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn[0].scale,
+            cfg.rms_norm_eps, view.norm[0][view.norm[1]])
         return out.t().tolist()
 
 

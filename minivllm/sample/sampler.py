@@ -121,6 +121,16 @@ class Sampler:
             logits = apply_top_p(logits, top_p)
         return logits
 
+    def greedy_tokens(self, logits: torch.Tensor, requests: Sequence[Request],
+                      offsets: Sequence[int] | None = None) -> torch.Tensor:
+        """``[N]`` int64: the token a greedy row takes at its request's output position
+        ``num_output_tokens + offsets[i]``, the argmax after :meth:`mask_early_stops` (where
+        :meth:`probs` puts its one-hot)."""
+        if any(r.sampling_params.min_tokens for r in requests):
+            logits = logits.float().clone()
+            self.mask_early_stops(logits, requests, offsets)
+        return logits.argmax(dim=-1)
+
     def probs(self, logits: torch.Tensor, requests: Sequence[Request],
               offsets: Sequence[int] | None = None) -> torch.Tensor:
         """``[N, V]`` float32: the distribution row ``i``'s token is drawn from, for its request's

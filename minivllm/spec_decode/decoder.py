@@ -4,7 +4,10 @@ A request whose entry carries ``k`` drafts (``SchedulerOutput.spec_token_ids``) 
 token and the drafts, so the forward pass left ``k + 1`` rows of logits for it. :meth:`verify`
 turns them into the target's distributions (the same temperature, top-k, top-p and
 ``min_tokens`` rule the sampler applies, row by row) and applies the rejection rule
-(:func:`minivllm.spec_decode.rejection.verify`). :meth:`propose` then drafts each request's next
+(:func:`minivllm.spec_decode.rejection.verify`); when every request of the step is greedy and the
+verifier is minivllm's own, that rule is "keep each draft while it is its row's argmax"
+(:func:`~minivllm.spec_decode.rejection.verify_greedy`, from :meth:`Sampler.greedy_tokens`), with no
+distribution built. :meth:`propose` then drafts each request's next
 step from its tokens as they will be once the scheduler has appended this step's: by n-gram
 lookup or with the draft model.
 
@@ -25,7 +28,7 @@ from minivllm.sample.sampler import Sampler, unusable_rows
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from minivllm.spec_decode.ngram import propose_ngram
-from minivllm.spec_decode.rejection import verify
+from minivllm.spec_decode.rejection import verify, verify_greedy
 
 logger = logging.getLogger("minivllm")
 
@@ -113,6 +116,14 @@ class SpeculativeDecoder:
             logits = logits[torch.tensor(keep_rows, dtype=torch.long, device=logits.device)]
         if not entries:
             return {}, failed
+        if self.verify_fn is verify and all(req.sampling_params.greedy for req, _ in entries):
+            for req, _ in entries:  # a greedy draft's q is one-hot at the draft: not needed here
+                self._draft_probs.pop(req.request_id, None)
+            rows = [req for req, drafts in entries for _ in range(len(drafts) + 1)]
+            offsets = [j for _, drafts in entries for j in range(len(drafts) + 1)]
+            targets = self.sampler.greedy_tokens(logits, rows, offsets).tolist()  # the step's one read back
+            emitted = verify_greedy(targets, [d for _, d in entries])
+            return {req.request_id: toks for (req, _), toks in zip(entries, emitted, strict=True)}, failed
         probs = self.target_probs(logits, entries)
         draft_probs = self._pending_draft_probs(entries, probs)
         uniforms, noise = self.random_numbers(probs, entries)

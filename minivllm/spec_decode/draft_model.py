@@ -75,16 +75,20 @@ class DraftModelProposer:
         active = [it for it in items if it.num_drafts > 0]
         step = 0
         while active:
-            if step and self._chain(active, drafts, probs, step):
-                break
-            query_lens, seq_lens, tables, slots, input_ids, positions = [], [], [], [], [], []
+            feeds, starts = [], []
             for it in active:
                 rid, length = it.request.request_id, len(it.token_ids)
-                if step == 0:
+                if step == 0:  # the tokens whose draft K/V is missing, ending with token length - 1
                     start = min(self._num_valid.get(rid, 0), length - 1)
-                    feed = it.token_ids[start:]
-                else:
-                    start, feed = length + step - 1, [drafts[rid][-1]]
+                    feeds.append(it.token_ids[start:])
+                else:  # the draft the last pass made
+                    start = length + step - 1
+                    feeds.append([drafts[rid][-1]])
+                starts.append(start)
+            if self._chain(active, feeds, starts, drafts, probs, step):
+                break
+            query_lens, seq_lens, tables, slots, input_ids, positions = [], [], [], [], [], []
+            for it, feed, start in zip(active, feeds, starts, strict=True):
                 input_ids.extend(feed)
                 positions.extend(range(start, start + len(feed)))
                 slots.extend(it.block_ids[p // bs] * bs + p % bs for p in range(start, start + len(feed)))
@@ -117,9 +121,10 @@ class DraftModelProposer:
             for rid, d in drafts.items()
         }
 
-    def _chain(self, active: list[DraftRequest], drafts: dict[str, list[int]], probs: dict[str, list[torch.Tensor]],
-               step: int) -> bool:
-        """The passes from ``step`` on in one call of the model's decoder stack
+    def _chain(self, active: list[DraftRequest], feeds: list[list[int]], starts: list[int],
+               drafts: dict[str, list[int]], probs: dict[str, list[torch.Tensor]], step: int) -> bool:
+        """The passes from ``step`` on (``feeds``/``starts``: this pass's tokens and first
+        positions) in one call of the model's decoder stack
         (:meth:`minivllm.model.decoder_stack.CpuDecoderStack.greedy_steps`), when every request
         is greedy (its draft is the argmax: ``q`` is one-hot, :meth:`Sampler.probs`' rule), no
         ``min_tokens`` can mask a stop token, and all want as many more drafts. False: run them
@@ -133,18 +138,16 @@ class DraftModelProposer:
             if not params.greedy or params.min_tokens > it.request.num_output_tokens:
                 return False
         num_steps = remaining.pop()
-        starts = [len(it.token_ids) + step - 1 for it in active]
-        tokens = chain(self.model, [drafts[it.request.request_id][-1] for it in active], starts,
-                       [it.block_ids for it in active], self.block_size, num_steps)
+        tokens = chain(self.model, feeds, starts, [it.block_ids for it in active], self.block_size, num_steps)
         if tokens is None:
             return False
         one_hot = torch.zeros(len(active), num_steps, self.model.config.vocab_size, device=self.device)
         one_hot.scatter_(2, torch.tensor(tokens, device=self.device)[:, :, None], 1.0)
-        for i, (it, start) in enumerate(zip(active, starts, strict=True)):
+        for i, (it, feed, start) in enumerate(zip(active, feeds, starts, strict=True)):
             rid = it.request.request_id
             drafts[rid].extend(tokens[i])
             probs[rid].extend(one_hot[i])
-            self._num_valid[rid] = start + num_steps
+            self._num_valid[rid] = start + len(feed) + num_steps - 1
         return True
 
     def _draw(self, q: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:

@@ -81,3 +81,22 @@ def verify(
         out.append([*drafts[:a], stop_l[start + a]])
     return out
 
+
+
+def verify_greedy(target_tokens: list[int], draft_tokens: list[list[int]]) -> list[list[int]]:
+    """:func:`verify` where every request is greedy, from the target's argmax of each row
+    (``target_tokens``: every request's ``k_r + 1`` rows, request after request) instead of its
+    one-hot ``p``: a draft is kept while it equals the argmax of its row, and the token after
+    the kept drafts is that row's argmax (the residual of a one-hot ``p`` at a rejection, the
+    bonus token after all ``k``). The same tokens, without a tensor per row and token."""
+    check_available("verifier", "rejection.verify_greedy")
+    out, start = [], 0
+    for drafts in draft_tokens:
+        a = 0
+        while a < len(drafts) and drafts[a] == target_tokens[start + a]:
+            a += 1
+        out.append([*drafts[:a], target_tokens[start + a]])
+        start += len(drafts) + 1
+    if start != len(target_tokens):
+        raise ValueError(f"{len(target_tokens)} target rows for {len(draft_tokens)} requests with {start} rows in all")
+    return out

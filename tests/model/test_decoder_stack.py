@@ -182,6 +182,53 @@ def test_weights_changed_after_the_first_step_are_the_ones_used(model):
     assert not torch.equal(before, after)
 
 
+def _passes_one_by_one(model, feeds, starts, tables, num_steps):
+    """What a greedy draft model's proposer does without the chain: a forward pass per token."""
+    tokens: list[list[int]] = [[] for _ in feeds]
+    for j in range(num_steps):
+        now = feeds if j == 0 else [[t[-1]] for t in tokens]
+        firsts = starts if j == 0 else [s + len(f) + j - 1 for s, f in zip(starts, feeds, strict=True)]
+        lens = [len(f) for f in now]
+        pos = [p for s, n in zip(firsts, lens, strict=True) for p in range(s, s + n)]
+        slots = [t[p // BLOCK] * BLOCK + p % BLOCK
+                 for t, s, n in zip(tables, firsts, lens, strict=True) for p in range(s, s + n)]
+        meta = AttentionMetadata.build(lens, [s + n for s, n in zip(firsts, lens, strict=True)], tables, slots, BLOCK)
+        with torch.inference_mode():
+            hidden = model(torch.tensor([t for f in now for t in f]), torch.tensor(pos), meta)
+        last = torch.tensor(lens).cumsum(0) - 1
+        for i, tok in enumerate(model.compute_logits(hidden[last]).argmax(-1).tolist()):
+            tokens[i].append(tok)
+    return tokens
+
+
+@pytest.mark.parametrize("feeds, num_steps", [
+    ([[7]], 1),  # one pass: only the first
+    ([[7]], 6),
+    ([[7, 9], [4], [11, 12]], 4),  # the last token and a kept draft, or the corrected token alone
+])
+def test_greedy_draft_steps_are_the_passes_one_by_one(model, feeds, num_steps):
+    """The chained passes give the tokens and the cache bytes of a forward pass per token."""
+    starts = [21, 40, 3][: len(feeds)]
+    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(feeds))]
+    caches = model.allocate_kv_cache(4 * len(feeds) + 1, BLOCK)
+    for i, (k, v) in enumerate(caches):
+        k.normal_(generator=_gen(2 * i)), v.normal_(generator=_gen(2 * i + 1))
+    start = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.inference_mode():
+        chained = model.decoder_stack.greedy_steps(model, feeds, starts, tables, BLOCK, num_steps)
+    after_chain = [(k.clone(), v.clone()) for k, v in caches]
+    for (k, v), (k0, v0) in zip(caches, start, strict=True):
+        k.copy_(k0), v.copy_(v0)
+    assert chained == _passes_one_by_one(model, feeds, starts, tables, num_steps)
+    assert all(torch.equal(k, k1) and torch.equal(v, v1) for (k, v), (k1, v1) in zip(caches, after_chain, strict=True))
+
+
+def test_greedy_draft_steps_decline_a_prompt(model):
+    """A first feed long enough to be a prompt needs SDPA: the caller runs the passes itself."""
+    model.allocate_kv_cache(8, BLOCK)
+    assert model.decoder_stack.greedy_steps(model, [list(range(3, 40))], [0], [[1, 2, 3]], BLOCK, 3) is None
+
+
 def test_a_model_with_pytorch_layer_ops_has_no_stack():
     tiny, _ = load_model(minivllm.TINY_MODEL_DIR, dtype="float32", device="cpu")
     assert LlamaFamilyModel(tiny.config, tiny.attention_backend, TorchLayerOps()).decoder_stack is None

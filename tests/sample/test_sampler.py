@@ -86,6 +86,23 @@ def test_min_tokens_blocks_stop_tokens():
     assert _draw(Sampler(), logits.clone(), [r])[0] == 2
 
 
+def test_greedy_tokens_are_where_probs_puts_its_one_hot():
+    """Row by row at each row's output position: the stop token is masked before min_tokens
+    (offsets 0 and 1 of a request with 1 output token and min_tokens 3), not after, and the
+    logits handed in are left as they were."""
+    logits = torch.zeros(4, 10)
+    logits[:, 2] = 100.0  # EOS would win
+    logits[:, 7] = 50.0
+    r = Request("m", [1], SamplingParams(temperature=0, min_tokens=3, max_tokens=9), eos_token_ids=(2,))
+    r.all_token_ids += [5]
+    rows, offsets = [r] * 4, [0, 1, 2, 3]
+    before = logits.clone()
+    tokens = Sampler().greedy_tokens(logits, rows, offsets)
+    assert tokens.tolist() == [7, 7, 2, 2]
+    assert torch.equal(tokens, Sampler().probs(logits, rows, offsets).argmax(-1))
+    assert torch.equal(logits, before)
+
+
 def test_draws_follow_the_filtered_distribution():
     """The exponential race samples exactly softmax(logits / T) after top-k / top-p."""
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -30.0]])

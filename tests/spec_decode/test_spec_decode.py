@@ -21,7 +21,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.core_client import local_core
 from minivllm.spec_decode.config import CPU_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
 from minivllm.spec_decode.ngram import propose_ngram
-from minivllm.spec_decode.rejection import verify
+from minivllm.spec_decode.rejection import verify, verify_greedy
 
 TINY = minivllm.TINY_MODEL_DIR
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None, "prompt_lookup_min": 2}
@@ -118,6 +118,50 @@ def test_rejection_rule_is_argmax_for_greedy_rows():
     assert verify(p, [[1, 4, 0]], None, u, e) == [[2]]
     # p == q for a one-hot draft whose token is certain: never an empty residual
     assert verify(p[:1], [[]], None, u[:1], e[:1]) == [[2]]
+
+
+def test_the_greedy_rule_is_the_rejection_rule_on_one_hot_rows():
+    """``verify_greedy`` from the rows' argmax against ``verify`` on one-hot ``p`` (with a
+    one-hot ``q`` too, as a greedy draft model gives), over random drafts that often agree."""
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        ks = torch.randint(0, 5, (torch.randint(1, 4, (1,), generator=gen).item(),), generator=gen).tolist()
+        rows = sum(ks) + len(ks)
+        targets = torch.randint(0, 4, (rows,), generator=gen)
+        p = torch.zeros(rows, 4, dtype=torch.float64).scatter_(1, targets[:, None], 1.0)
+        drafts, start = [], 0
+        for k in ks:
+            agree = torch.rand(k, generator=gen) < 0.7
+            drafts.append([t if a else (t + 1) % 4 for t, a in zip(targets[start:start + k].tolist(), agree.tolist())])
+            start += k + 1
+        q = torch.zeros_like(p)
+        start = 0
+        for d in drafts:
+            for j, tok in enumerate(d):
+                q[start + j, tok] = 1.0
+            start += len(d) + 1
+        u, e = torch.rand(rows, generator=gen, dtype=torch.float64), torch.ones(rows, 4, dtype=torch.float64)
+        expected = verify(p, drafts, None, u, e)
+        assert verify_greedy(targets.tolist(), drafts) == expected == verify(p, drafts, q, u, e)
+    with pytest.raises(ValueError, match="rows"):
+        verify_greedy([1, 2, 3], [[1]])
+
+
+def test_a_plugged_verifier_is_called_for_greedy_requests_too(reference_outputs):
+    """The greedy shortcut is minivllm's own rule: a verifier plugged in with ``use_verifier``
+    (exercise 11's) sees every step's drafts, greedy or not."""
+    params, ref = reference_outputs
+    llm = LLM(TINY, speculative_config=NGRAM)
+    calls = []
+
+    def counting(*args):
+        calls.append(1)
+        return verify(*args)
+
+    local_core(llm).executor.speculative.use_verifier(counting)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [ref[p] for p in PROMPTS]
+    assert calls
 
 
 def test_rejection_rule_batches_requests_independently():
