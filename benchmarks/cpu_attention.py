@@ -8,14 +8,18 @@ Two measurements:
    blocks of 16 scattered over the pool), each backend's attention call alone (the cache write
    left out), best of 5 x 50 calls, at each of ``--threads``;
 2. **the engine**: the trace of ``benchmarks/step_profile.py`` (128 requests, greedy,
-   ``ignore_eos``) served by ``LLM(attention_backend=...)`` for each backend, alternating,
-   ``--rounds`` times, best round of each; the outputs compared token for token.
+   ``ignore_eos``) served by ``LLM(attention_backend=...)`` for each backend, and with ``"cpp"``
+   once more with the layers run module by module (the model's ``decoder_stack`` off: what the
+   one-call decoder stack of ``minivllm/model/decoder_stack.py`` buys), alternating, ``--rounds``
+   times, best round of each, the outputs compared token for token; then the same for the
+   first ``--batch1-requests`` requests served one at a time (batch 1).
 
 It also reports what the first use of the kernel costs in a new process: loading the extension
 that an earlier process built (the disk cache), and, with ``--cold``, building it from scratch
 in a fresh cache directory.
 
     python benchmarks/cpu_attention.py [--threads 1 2] [--rounds 2] [--seqs 48] [--context 230] [--cold]
+                                       [--batch1-requests 8]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from minivllm.attention import get_attention_backend  # noqa: E402
 from minivllm.attention.cpp_backend import kernel_status, paged_attention_cpu, plan_cpp_step  # noqa: E402
 from minivllm.attention.metadata import AttentionMetadata  # noqa: E402
 from minivllm.attention.torch_ragged import paged_attention_ragged, plan_step  # noqa: E402
+from minivllm.engine.core_client import local_core  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 32, 16
 # torch and torch's extension loader are imported before the clock starts: every engine pays for those
@@ -95,36 +100,51 @@ def kernel_rows(seqs: int, context: int, threads: list[int]) -> list[str]:
     return rows
 
 
-def serve(backend: str, threads: int, requests: int = 128) -> tuple[float, list[list[int]]]:
+# the engine's configurations: attention backend, and whether a step of short sequences runs the
+# whole decoder stack in one C++ call (model/decoder_stack.py) or the layers module by module
+ENGINES = {"torch": ("torch", False), "cpp, modules": ("cpp", False), "cpp": ("cpp", True)}
+
+
+def serve(engine: str, threads: int, requests: int = 128, one_at_a_time: bool = False
+          ) -> tuple[float, list[list[int]]]:
+    backend, stack = ENGINES[engine]
     llm = LLM(max_num_seqs=64, max_model_len=1024, cpu_threads=threads, attention_backend=backend)
+    if not stack:
+        local_core(llm).executor.model.decoder_stack = None
     vocab = llm.engine.model_config.vocab_size
     trace = make_trace(requests, 0)
     prompts = [it.prompt_token_ids(vocab) for it in trace]
     params = [SamplingParams(temperature=0, max_tokens=it.output_len, ignore_eos=True) for it in trace]
     llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    if one_at_a_time:
+        outs = [llm.generate([p], [q], use_tqdm=False)[0] for p, q in zip(prompts, params, strict=True)]
+    else:
+        outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     return sum(map(len, tokens)) / wall, tokens
 
 
-def engine_rows(threads: list[int], rounds: int) -> list[str]:
-    rows = ["| threads | 'torch' output tok/s | 'cpp' output tok/s | cpp / torch (best / best) | per round | "
-            "identical outputs |", "|---:|---:|---:|---:|---|---:|"]
+def engine_rows(threads: list[int], rounds: int, requests: int = 128, one_at_a_time: bool = False) -> list[str]:
+    names = list(ENGINES)
+    rows = ["| threads | " + " | ".join(f"'{n}' output tok/s" for n in names)
+            + " | cpp / torch | cpp / cpp, modules | per round (cpp / torch; cpp / modules) | identical outputs |",
+            "|---:|" + "---:|" * len(names) + "---:|---:|---|---:|"]
     for n in threads:
-        best = {"torch": 0.0, "cpp": 0.0}
+        best = dict.fromkeys(names, 0.0)
         per_round, same = [], 0
         for _ in range(rounds):
             got = {}
-            for backend in ("torch", "cpp"):
-                rate, tokens = serve(backend, n)
-                got[backend] = (rate, tokens)
-                best[backend] = max(best[backend], rate)
-            per_round.append(f"{got['cpp'][0] / got['torch'][0]:.2f}x")
-            same = sum(a == b for a, b in zip(got["torch"][1], got["cpp"][1]))
-        rows.append(f"| {n} | {best['torch']:.0f} | {best['cpp']:.0f} | {best['cpp'] / best['torch']:.2f}x | "
-                    f"{', '.join(per_round)} | {same}/128 |")
+            for engine in names:
+                rate, tokens = serve(engine, n, requests, one_at_a_time)
+                got[engine] = (rate, tokens)
+                best[engine] = max(best[engine], rate)
+            per_round.append(f"{got['cpp'][0] / got['torch'][0]:.2f}x; {got['cpp'][0] / got['cpp, modules'][0]:.2f}x")
+            same = min(sum(a == b for a, b in zip(got["torch"][1], got[e][1])) for e in names)
+        rows.append(f"| {n} | " + " | ".join(f"{best[e]:.0f}" for e in names)
+                    + f" | {best['cpp'] / best['torch']:.2f}x | {best['cpp'] / best['cpp, modules']:.2f}x | "
+                    f"{', '.join(per_round)} | {same}/{requests} |")
     return rows
 
 
@@ -150,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=230)
     ap.add_argument("--cold", action="store_true", help="also time a build from scratch")
     ap.add_argument("--kernel-only", action="store_true", help="skip the engine runs")
+    ap.add_argument("--batch1-requests", type=int, default=8, help="requests of the one-at-a-time runs")
     args = ap.parse_args(argv)
     reason = kernel_status()
     if reason is not None:
@@ -160,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(first_use_rows(args.cold)), end="\n\n")
     print("\n".join(kernel_rows(args.seqs, args.context, args.threads)), end="\n\n")
     if not args.kernel_only:
-        print("\n".join(engine_rows(args.threads, args.rounds)))
+        print("\n".join(engine_rows(args.threads, args.rounds)), end="\n\n")
+        print(f"one request at a time ({args.batch1_requests} of the trace's requests, served one after the other):")
+        print("\n".join(engine_rows(args.threads, args.rounds, args.batch1_requests, one_at_a_time=True)))
     return 0
 
 

@@ -20,10 +20,11 @@ METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 32  # more drafts than this are almost never all accepted
 _KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min",
          "disable_by_batch_size")
-# "auto" on a CPU: above this many requests in a step, drafting costs more than it saves
-# (benchmarks/spec_decode.py --batches: the draft model k = 4 gains 1.2-1.35x up to 8
-# requests and loses 7-9 % from 16; n-gram lookup on stories gains nothing at any batch)
-CPU_DISABLE_BY_BATCH_SIZE = 8
+# "auto" on a CPU, per method: above this many requests in a step, drafting costs more than it
+# saves (benchmarks/spec_decode.py --requests N on the tiny model, greedy, k = 4; docs/benchmarks.md).
+# The draft model: 1.19x at 8 requests, 1.22x at 16, 1.21x at 32, 1.07x at 48, 0.94x at 64. N-gram
+# lookup on new stories: drafts rarely kept, 0.88x with a limit of 32 where 8 gave 1.13x.
+CPU_DISABLE_BY_BATCH_SIZE = {"draft_model": 32, "ngram": 8}
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:
@@ -42,7 +43,7 @@ class SpeculativeConfig:
     shortest n-gram the lookup tries, longest first; ``disable_by_batch_size``: a step with more
     requests than this proposes no drafts (the next step decodes plainly), as vLLM's option of
     that name; ``None`` never stops; ``"auto"`` (the default) is
-    :data:`CPU_DISABLE_BY_BATCH_SIZE` on a CPU and no limit on a GPU, where a verification step
+    :data:`CPU_DISABLE_BY_BATCH_SIZE` for the method on a CPU and no limit on a GPU, where a verification step
     stays cheap up to a far larger batch (not measured here)."""
 
     method: str
@@ -69,7 +70,7 @@ class SpeculativeConfig:
     def batch_limit(self, device_type: str) -> int | None:
         """The most requests a step may have and still propose drafts; ``None``: no limit."""
         if self.disable_by_batch_size == "auto":
-            return CPU_DISABLE_BY_BATCH_SIZE if device_type == "cpu" else None
+            return CPU_DISABLE_BY_BATCH_SIZE[self.method] if device_type == "cpu" else None
         return self.disable_by_batch_size
 
     @property

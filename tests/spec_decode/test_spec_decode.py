@@ -538,8 +538,8 @@ def draft_steps(llm, prompts, params) -> tuple[list[list[int]], list[tuple[int, 
 
 
 @pytest.mark.parametrize("limit, batch, drafts_expected", [
-    ("auto", 4, True),  # on a CPU "auto" is 8: four requests still draft
-    ("auto", 12, False),  # twelve decoding together: no step drafts
+    ("auto", 4, True),  # on a CPU "auto" is 32 for a draft model: four requests still draft
+    ("auto", 40, False),  # forty decoding together: no step drafts
     (2, 4, False),
     (None, 12, True),  # never stops
 ])
@@ -547,9 +547,9 @@ def test_a_batch_above_the_limit_proposes_no_drafts_and_keeps_its_tokens(referen
                                                                           drafts_expected):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     prompts = [PROMPTS[1]] * batch
-    plain = LLM(TINY, max_num_seqs=16).generate(prompts, params, use_tqdm=False)
+    plain = LLM(TINY, max_num_seqs=48).generate(prompts, params, use_tqdm=False)
     cfg = {"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 2, "disable_by_batch_size": limit}
-    tokens, steps = draft_steps(LLM(TINY, max_num_seqs=16, speculative_config=cfg), prompts, params)
+    tokens, steps = draft_steps(LLM(TINY, max_num_seqs=48, speculative_config=cfg), prompts, params)
     assert tokens == [o.outputs[0].token_ids for o in plain]
     bound = SpeculativeConfig.parse(cfg).batch_limit("cpu")
     assert (sum(d for _, d in steps) > 0) == drafts_expected, steps
@@ -565,10 +565,12 @@ def test_a_wrong_batch_limit_is_refused_naming_it(value, error):
         SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": value})
 
 
-def test_auto_means_the_measured_limit_on_a_cpu_and_none_on_a_gpu():
-    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2})
+@pytest.mark.parametrize("config", [{"method": "ngram"}, {"model": str(minivllm.TINY_DRAFT_MODEL_DIR)}])
+def test_auto_means_the_methods_measured_limit_on_a_cpu_and_none_on_a_gpu(config):
+    cfg = SpeculativeConfig.parse({**config, "num_speculative_tokens": 2})
     assert cfg.disable_by_batch_size == "auto"
-    assert cfg.batch_limit("cpu") == CPU_DISABLE_BY_BATCH_SIZE and cfg.batch_limit("cuda") is None
+    assert cfg.batch_limit("cpu") == CPU_DISABLE_BY_BATCH_SIZE[cfg.method] and cfg.batch_limit("cuda") is None
+    assert CPU_DISABLE_BY_BATCH_SIZE["draft_model"] > CPU_DISABLE_BY_BATCH_SIZE["ngram"]
 
 
 def test_the_default_pool_holds_a_draft_models_lookahead_with_one_seat():
