@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
@@ -30,8 +30,8 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.transfer import to_device
 from minivllm.withheld import check_available
 
-if TYPE_CHECKING:
-    from minivllm.model.llama import LlamaFamilyModel
+# the model is a minivllm.model.llama.LlamaFamilyModel (not imported: llama imports this module)
+LlamaFamilyModel = torch.nn.Module
 
 
 class DecoderStackKernel(Protocol):
