@@ -109,8 +109,17 @@ def serve(backend: str, setup: str, fill: float | None, max_tokens: int, tails: 
     return [o.outputs[0].token_ids for o in outs], llm.stats()
 
 
-@pytest.mark.parametrize("setup", list(POISON_SETUPS))
-@pytest.mark.parametrize("backend", ["cpp", "torch", "torch_padded", "triton"])
+def _poison_cases():
+    for backend in ("cpp", "torch", "torch_padded", "triton"):
+        for setup in POISON_SETUPS:
+            # the slowest case (the Triton interpreter over padded static batches): the kernels'
+            # padding rows are held to the contract with NaN by test_backends_vs_sdpa.py, and the
+            # engine runs Triton over a poisoned pool in the chunked, prefix-sharing case below
+            slow = backend == "triton" and setup == "static_batching"
+            yield pytest.param(backend, setup, marks=pytest.mark.slow) if slow else (backend, setup)
+
+
+@pytest.mark.parametrize("backend, setup", list(_poison_cases()))
 def test_a_poisoned_pool_changes_no_token(backend, setup):
     triton = backend == "triton"
     max_tokens, tails = (5, TRITON_TAILS) if triton else (10, (1, 19, 52))
