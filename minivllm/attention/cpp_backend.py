@@ -12,7 +12,7 @@ bucket, and no slot the sequence does not own is read. Prompts and long chunks k
 (``torch_ragged.prefill_attention``), whose blocked matrix products beat a loop over keys there.
 
 The kernel is built on first use with minivllm's other CPU kernels (:mod:`minivllm.cpu_kernels`:
-about half a minute once per machine, then cached on disk). ``kernel_status`` tells whether it
+about a minute once per machine, then cached on disk). ``kernel_status`` tells whether it
 builds here; ``attention_backend="auto"`` takes this backend on a CPU when it does, and the
 ``"torch"`` backend otherwise.
 """
