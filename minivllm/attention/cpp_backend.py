@@ -78,6 +78,11 @@ class CppStepPlan:
     kept_rows: torch.Tensor | None  # rows whose slot is not -1; None: every row
     kept_slots: torch.Tensor
 
+    @property
+    def one_call(self) -> bool:
+        """Every row of the step is in the one kernel call, in order: no prompt, no row left out."""
+        return self.tables is not None and self.short_rows is None and not self.prefills
+
 
 def plan_cpp_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype) -> CppStepPlan:
     """The short sequences as one kernel call's arguments, the others as prefills; once per step
@@ -143,7 +148,7 @@ class CppAttentionBackend:
             store_kv(key, value, k_cache, v_cache, plan.kept_slots)
         else:
             store_kv(key[plan.kept_rows], value[plan.kept_rows], k_cache, v_cache, plan.kept_slots)
-        if plan.tables is not None and plan.short_rows is None and not plan.prefills:
+        if plan.one_call:
             return paged_attention_cpu(query, k_cache, v_cache, plan.tables, plan.seq_lens, plan.query_start, scale)
         out = torch.empty_like(query)
         if plan.tables is not None:

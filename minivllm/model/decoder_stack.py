@@ -65,7 +65,7 @@ class _StackView:
         self.refs: list[tuple[dict, str] | None] = []
         for layer in model.model.layers:
             for path, name in _LAYER_TENSORS:
-                module = layer.get_submodule(path) if _has_submodule(layer, path) else None
+                module = _submodule(layer, path)
                 self.refs.append(None if module is None else (module._parameters, name))
         self.norm = (model.model.norm._parameters, "weight")
         self.attention = model.attention_layers
@@ -78,12 +78,12 @@ class _StackView:
         return out
 
 
-def _has_submodule(module, path: str) -> bool:
+def _submodule(module, path: str):
+    """``module``'s submodule at ``path``, or ``None`` (a family without q/k norms)."""
     try:
-        module.get_submodule(path)
+        return module.get_submodule(path)
     except AttributeError:
-        return False
-    return True
+        return None
 
 
 class CpuDecoderStack:
@@ -101,9 +101,6 @@ class CpuDecoderStack:
             view = self._views[model] = _StackView(model)
         return view
 
-    def layer_tensors(self, model: LlamaFamilyModel) -> list[torch.Tensor]:
-        """Each layer's tensors in the kernel's order."""
-        return self._view(model).tensors()
     def _covers(self, attn, x: torch.Tensor) -> bool:
         """The model side of what the kernel covers: the ``"cpp"`` backend itself in every
         layer, float32 rows on the CPU, a float cache."""
@@ -118,7 +115,7 @@ class CpuDecoderStack:
         if not self._covers(attn, x):
             return None
         plan = plan_cpp_step(meta, x.device, x.dtype)
-        if plan.tables is None or plan.short_rows is not None or plan.prefills or plan.kept_rows is not None:
+        if not plan.one_call or plan.kept_rows is not None:
             return None
         check_available("attention", "CppAttentionBackend.forward")
         cfg = model.config
@@ -126,7 +123,6 @@ class CpuDecoderStack:
             x, cos, sin, view.tensors(), [a.k_cache for a in attn], [a.v_cache for a in attn],
             plan.kept_slots, plan.tables, plan.seq_lens, plan.query_start, cfg.num_heads, cfg.num_kv_heads,
             cfg.head_dim, attn[0].scale, cfg.rms_norm_eps, view.norm[0][view.norm[1]])
-
 
     def greedy_steps(self, model: LlamaFamilyModel, feeds: list[list[int]], starts: list[int],
                      block_tables: list[list[int]], block_size: int, num_steps: int) -> list[list[int]] | None:
@@ -141,20 +137,21 @@ class CpuDecoderStack:
         attn, weight = view.attention, model.model.embed_tokens.weight
         if num_steps < 1 or not feeds or not self._covers(attn, weight):
             return None
+        def slot(table: list[int], position: int) -> int:
+            return table[position // block_size] * block_size + position % block_size
+
         device, num_seqs = weight.device, len(feeds)
         first_lens = [len(f) for f in feeds]
         ends = [s + n for s, n in zip(starts, first_lens, strict=True)]  # positions after pass 0
         first_pos = [p for s, e in zip(starts, ends, strict=True) for p in range(s, e)]
-        first_slots = [t[p // block_size] * block_size + p % block_size
-                       for t, s, e in zip(block_tables, starts, ends, strict=True) for p in range(s, e)]
+        first_slots = [slot(t, p) for t, s, e in zip(block_tables, starts, ends, strict=True) for p in range(s, e)]
         meta = AttentionMetadata.build(first_lens, ends, block_tables, first_slots, block_size, device)
         plan = plan_cpp_step(meta, device, weight.dtype)
-        if plan.tables is None or plan.short_rows is not None or plan.prefills or plan.kept_rows is not None:
+        if not plan.one_call or plan.kept_rows is not None:
             return None
         check_available("attention", "CppAttentionBackend.forward")
         later = [[e + j - 1 for e in ends] for j in range(1, num_steps)]  # [steps - 1, S] positions
-        later_slots = [t[p // block_size] * block_size + p % block_size
-                       for row in later for t, p in zip(block_tables, row, strict=True)]
+        later_slots = [slot(t, p) for row in later for t, p in zip(block_tables, row, strict=True)]
         flat_later = [p for row in later for p in row]
         last_rows = [e - 1 for e in itertools.accumulate(first_lens)]
         tokens_t, first_pos_t, last_t, later_t, later_slots_t, later_lens_t = to_device(

@@ -74,9 +74,7 @@ class SpeculativeDecoder:
         """``[R, V]``: for each request, the distribution the sampler would draw its next tokens
         from, one row per position (row ``j`` is output token ``num_output_tokens + j``):
         :meth:`Sampler.probs`, the sampler's own rule."""
-        requests = [req for req, drafts in entries for _ in range(len(drafts) + 1)]
-        offsets = [j for _, drafts in entries for j in range(len(drafts) + 1)]
-        return self.sampler.probs(logits, requests, offsets)
+        return self.sampler.probs(logits, *_rows_of(entries))
 
     def random_numbers(self, probs: torch.Tensor, entries) -> tuple[torch.Tensor, torch.Tensor]:
         """One uniform and one row of ``Exp(1)`` noise per row, each request's from its
@@ -119,9 +117,7 @@ class SpeculativeDecoder:
         if self.verify_fn is verify and all(req.sampling_params.greedy for req, _ in entries):
             for req, _ in entries:  # a greedy draft's q is one-hot at the draft: not needed here
                 self._draft_probs.pop(req.request_id, None)
-            rows = [req for req, drafts in entries for _ in range(len(drafts) + 1)]
-            offsets = [j for _, drafts in entries for j in range(len(drafts) + 1)]
-            targets = self.sampler.greedy_tokens(logits, rows, offsets).tolist()  # the step's one read back
+            targets = self.sampler.greedy_tokens(logits, *_rows_of(entries)).tolist()  # the step's one read back
             emitted = verify_greedy(targets, [d for _, d in entries])
             return {req.request_id: toks for (req, _), toks in zip(entries, emitted, strict=True)}, failed
         probs = self.target_probs(logits, entries)
@@ -185,3 +181,11 @@ class SpeculativeDecoder:
                 proposals[rid] = tokens
                 self._draft_probs[rid] = q
         return proposals
+
+
+def _rows_of(entries: list[tuple[Request, list[int]]]) -> tuple[list[Request], list[int]]:
+    """Each verification row's request and output offset: an entry with ``k`` drafts has
+    ``k + 1`` rows, row ``j`` for its output token ``num_output_tokens + j``."""
+    requests = [req for req, drafts in entries for _ in range(len(drafts) + 1)]
+    offsets = [j for _, drafts in entries for j in range(len(drafts) + 1)]
+    return requests, offsets
