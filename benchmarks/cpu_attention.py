@@ -8,10 +8,8 @@ Two measurements:
    blocks of 16 scattered over the pool), each backend's attention call alone (the cache write
    left out), best of 5 x 50 calls, at each of ``--threads``;
 2. **the engine**: the trace of ``benchmarks/step_profile.py`` (128 requests, greedy,
-   ``ignore_eos``) served by ``LLM(attention_backend=...)`` for each backend, and with ``"cpp"``
-   once more with the layers run module by module (the model's ``decoder_stack`` off: what the
-   one-call decoder stack of ``minivllm/model/decoder_stack.py`` buys), alternating, ``--rounds``
-   times, best round of each, the outputs compared token for token; then the same for the
+   ``ignore_eos``) served by ``LLM(attention_backend=...)`` for each backend, alternating,
+   ``--rounds`` times, best round of each, the outputs compared token for token; then the same for the
    first ``--batch1-requests`` requests served one at a time (batch 1).
 
 It also reports what the first use of the kernel costs in a new process: loading the extension
@@ -44,7 +42,6 @@ from minivllm.attention import get_attention_backend  # noqa: E402
 from minivllm.attention.cpp_backend import kernel_status, paged_attention_cpu, plan_cpp_step  # noqa: E402
 from minivllm.attention.metadata import AttentionMetadata  # noqa: E402
 from minivllm.attention.torch_ragged import paged_attention_ragged, plan_step  # noqa: E402
-from minivllm.engine.core_client import local_core  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 32, 16
 # torch and torch's extension loader are imported before the clock starts: every engine pays for those
@@ -100,17 +97,12 @@ def kernel_rows(seqs: int, context: int, threads: list[int]) -> list[str]:
     return rows
 
 
-# the engine's configurations: attention backend, and whether a step of short sequences runs the
-# whole decoder stack in one C++ call (model/decoder_stack.py) or the layers module by module
-ENGINES = {"torch": ("torch", False), "cpp, modules": ("cpp", False), "cpp": ("cpp", True)}
+ENGINES = ("torch", "cpp")  # the attention backends compared
 
 
 def serve(engine: str, threads: int, requests: int = 128, one_at_a_time: bool = False
           ) -> tuple[float, list[list[int]]]:
-    backend, stack = ENGINES[engine]
-    llm = LLM(max_num_seqs=64, max_model_len=1024, cpu_threads=threads, attention_backend=backend)
-    if not stack:
-        local_core(llm).executor.model.decoder_stack = None
+    llm = LLM(max_num_seqs=64, max_model_len=1024, cpu_threads=threads, attention_backend=engine)
     vocab = llm.engine.model_config.vocab_size
     trace = make_trace(requests, 0)
     prompts = [it.prompt_token_ids(vocab) for it in trace]
@@ -129,8 +121,8 @@ def serve(engine: str, threads: int, requests: int = 128, one_at_a_time: bool = 
 def engine_rows(threads: list[int], rounds: int, requests: int = 128, one_at_a_time: bool = False) -> list[str]:
     names = list(ENGINES)
     rows = ["| threads | " + " | ".join(f"'{n}' output tok/s" for n in names)
-            + " | cpp / torch | cpp / cpp, modules | per round (cpp / torch; cpp / modules) | identical outputs |",
-            "|---:|" + "---:|" * len(names) + "---:|---:|---|---:|"]
+            + " | cpp / torch | per round | identical outputs |",
+            "|---:|" + "---:|" * len(names) + "---:|---|---:|"]
     for n in threads:
         best = dict.fromkeys(names, 0.0)
         per_round, same = [], 0
@@ -140,11 +132,10 @@ def engine_rows(threads: list[int], rounds: int, requests: int = 128, one_at_a_t
                 rate, tokens = serve(engine, n, requests, one_at_a_time)
                 got[engine] = (rate, tokens)
                 best[engine] = max(best[engine], rate)
-            per_round.append(f"{got['cpp'][0] / got['torch'][0]:.2f}x; {got['cpp'][0] / got['cpp, modules'][0]:.2f}x")
+            per_round.append(f"{got['cpp'][0] / got['torch'][0]:.2f}x")
             same = min(sum(a == b for a, b in zip(got["torch"][1], got[e][1])) for e in names)
         rows.append(f"| {n} | " + " | ".join(f"{best[e]:.0f}" for e in names)
-                    + f" | {best['cpp'] / best['torch']:.2f}x | {best['cpp'] / best['cpp, modules']:.2f}x | "
-                    f"{', '.join(per_round)} | {same}/{requests} |")
+                    + f" | {best['cpp'] / best['torch']:.2f}x | {', '.join(per_round)} | {same}/{requests} |")
     return rows
 
 

@@ -1,10 +1,9 @@
 """minivllm's C++ kernels for the CPU: built on first use, cached on disk, loaded as one module.
 
 ``minivllm/csrc/`` holds them: ``paged_attention_cpu.h`` (the ``"cpp"`` attention backend's
-kernel, :mod:`minivllm.attention.cpp_backend`), ``layer_ops_cpu.h`` (RMSNorm, rotary
-embeddings and SiLU-and-multiply, :mod:`minivllm.model.layer_ops`) and ``decoder_stack_cpu.h``
-(every layer of a step of short sequences in one call, :mod:`minivllm.model.decoder_stack`),
-compiled as one translation unit by ``bindings.cpp``, which names them for Python. PyTorch's C++ extension loader compiles them into one
+kernel, :mod:`minivllm.attention.cpp_backend`) and ``layer_ops_cpu.h`` (RMSNorm, rotary
+embeddings and SiLU-and-multiply, :mod:`minivllm.model.layer_ops`), kernels under the model's
+modules, compiled as one translation unit by ``bindings.cpp``, which names them for Python. PyTorch's C++ extension loader compiles them into one
 module the first time a process asks (a C++ compiler with OpenMP and ``ninja`` are needed; both
 are on Linux and Colab), about a minute once per machine on two cores, and caches the result
 (:func:`build_directory`, under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): later processes load it in

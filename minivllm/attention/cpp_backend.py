@@ -37,7 +37,6 @@ from minivllm.attention.torch_ragged import (
 )
 from minivllm.cpu_kernels import kernel_status, load_kernels
 from minivllm.transfer import to_device
-from minivllm.withheld import check_available
 
 
 def auto_cpu_backend() -> str:
@@ -62,7 +61,6 @@ def paged_attention_cpu(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens (its last positions) over its cache, read
     through its block table; K/V of the new tokens must already be stored. ``[T, H, D]``."""
-    check_available("attention", "paged_attention_cpu")
     return load_kernels().paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start, scale)
 
 
@@ -140,7 +138,6 @@ class CppAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        check_available("attention", "CppAttentionBackend.forward")
         if query.shape[0] == 0:
             return torch.empty_like(query)
         plan = plan_cpp_step(meta, query.device, query.dtype)

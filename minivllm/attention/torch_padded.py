@@ -17,7 +17,6 @@ import torch
 from minivllm.attention.cache_ops import gather_slots, owned_slots, write_kv_to_cache
 from minivllm.attention.kv_quant import check_cache_dtype
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.withheld import check_available
 
 
 def _step_layout(meta: AttentionMetadata, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -64,7 +63,6 @@ def paged_attention_padded(
 
     Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
     """
-    check_available("attention", "paged_attention_padded")
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     num_seqs = meta.num_seqs

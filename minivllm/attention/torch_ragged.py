@@ -34,7 +34,6 @@ from minivllm.attention.cache_ops import gather_blocks, gather_slots, owned_slot
 from minivllm.attention.kv_quant import as_cached, check_cache_dtype, read_rows
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.transfer import to_device
-from minivllm.withheld import check_available
 
 
 @dataclass
@@ -90,7 +89,6 @@ def plan_step(meta: AttentionMetadata, device: torch.device, dtype: torch.dtype)
     on ``device`` and their masks as additive biases in ``dtype`` (what SDPA would otherwise
     rebuild from a boolean mask in every layer). Cached in ``meta.backend_cache``: every layer
     reuses it."""
-    check_available("attention", "plan_step")
     cached = meta.backend_cache.get("torch_ragged")
     if cached is not None:
         return cached
@@ -149,7 +147,6 @@ def length_buckets(lengths: list[int], spread: float = 1.5) -> list[list[int]]:
     Padding each group to its own longest wastes less than ``spread`` x its keys, in a handful
     of groups (about log(max / min) / log(spread)): more groups cost more calls, wider ones more
     padded keys. ``benchmarks/mixed_steps.py`` measures the trade-off on the tiny model."""
-    check_available("attention", "length_buckets")
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     buckets: list[list[int]] = []
     for i in order:
@@ -246,7 +243,6 @@ def decode_attention(
     An int8 cache's gathered rows are dequantised to the query's dtype (``kv_quant.read_rows``).
     Returns ``[num_decodes, num_heads, head_dim]``.
     """
-    check_available("attention", "decode_attention")
     num_rows, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group, q_len = num_heads // num_kv_heads, rows.query_len
@@ -281,7 +277,6 @@ def prefill_attention(
     rounded exactly as the cache holds them (its float dtype, or int8 codes and a scale), so
     padding rows, which are never stored, still see their own keys. Returns ``[q, num_heads, head_dim]``.
     """
-    check_available("attention", "prefill_attention")
     k = as_cached(key, k_cache, query.dtype)
     v = as_cached(value, v_cache, query.dtype)
     if rows.context_blocks is not None:
@@ -307,7 +302,6 @@ def paged_attention_ragged(
 ) -> torch.Tensor:
     """Attention for every row of the flat batch, decode rows together and prefill sequences one
     by one. Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype."""
-    check_available("attention", "paged_attention_ragged")
     if len(plan.decode) == 1 and plan.decode[0].token_rows is None:  # one bucket, no prefill
         return decode_attention(query, k_cache, v_cache, plan.decode[0], scale)
     out = torch.empty_like(query)

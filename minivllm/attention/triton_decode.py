@@ -39,7 +39,6 @@ import triton.language as tl
 
 from minivllm.attention.kv_quant import SCALE_BYTES, int8_row_width
 from minivllm.attention.triton_env import triton_mode
-from minivllm.withheld import check_available
 
 # Split-KV heuristic (see ``choose_num_splits``). A GPU has on the order of 100 streaming
 # multiprocessors (T4: 40, A100: 108, H100/H200: 132); we aim for a few programs per SM.
@@ -355,7 +354,6 @@ def paged_decode_attention(
     plain kernel). ``max_seq_len`` only feeds the heuristic; pass it when known to avoid a
     device-to-host sync.
     """
-    check_available("attention", "paged_decode_attention", also="decode_kernel")
     num_kv_heads, group = check_paged_inputs(q, k_cache, v_cache, block_tables)
     num_seqs, num_heads, head_dim = q.shape
     block_size = k_cache.shape[1]

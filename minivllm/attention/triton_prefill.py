@@ -39,7 +39,6 @@ from minivllm.attention.triton_decode import (
     load_kv_block,
     online_softmax_step,
 )
-from minivllm.withheld import check_available
 
 BLOCK_M_TARGET = 64  # query-tile rows (tokens x heads of a group) per program
 
@@ -147,7 +146,6 @@ def paged_prefill_attention(
     readable_lens()``) then says how many positions each sequence wrote, and no slot past them
     is loaded. Padding rows' outputs are computed from those positions and are to be thrown away.
     """
-    check_available("attention", "paged_prefill_attention")
     num_kv_heads, group = check_paged_inputs(q, k_cache, v_cache, block_tables)
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]

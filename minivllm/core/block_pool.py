@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from minivllm.withheld import check_available
-
 MAX_BLOCKS = 1 << 24  # 16.7M blocks: 268M tokens at block_size 16, more than any GPU holds
 
 
@@ -116,7 +114,6 @@ class FreeBlockQueue:
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True):
-        check_available("kv_cache", "BlockPool.__init__", owner=self)
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if num_blocks > MAX_BLOCKS:

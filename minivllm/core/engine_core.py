@@ -52,7 +52,6 @@ from minivllm.core.interfaces import (
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.metrics import EngineStats
 from minivllm.request import Request, RequestStatus
-from minivllm.withheld import check_available
 
 logger = logging.getLogger("minivllm")
 
@@ -249,12 +248,7 @@ class EngineCoreBase:
 class EngineCore(EngineCoreBase):
     """minivllm's step loop (see the module doc)."""
 
-    def __init__(self, scheduler: SchedulerInterface, executor: Executor, **kwargs) -> None:
-        check_available("engine_core", "EngineCore.__init__", owner=self)
-        super().__init__(scheduler, executor, **kwargs)
-
     def run_step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
-        check_available("engine_core", "EngineCore.run_step", owner=self)
         sched = self.scheduler
         start = self.clock()
         out = sched.schedule()

@@ -21,14 +21,12 @@ from collections.abc import Iterable, Sequence
 from minivllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block
 from minivllm.math_utils import cdiv
 from minivllm.request import Request
-from minivllm.withheld import check_available
 
 
 class KVCacheManager:
     """Paged KV cache: blocks are taken on demand and returned when a request ends."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_caching: bool = True):
-        check_available("kv_cache", "KVCacheManager.__init__", owner=self)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size

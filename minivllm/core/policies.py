@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from minivllm.request import Request
-from minivllm.withheld import check_available
 
 
 @runtime_checkable
@@ -40,9 +39,6 @@ class FCFSPolicy:
 
     name = "fcfs"
 
-    def __init__(self) -> None:
-        check_available("scheduling_policy", f"{type(self).__name__}()", owner=self)
-
     def waiting_key(self, request: Request) -> tuple:
         return (request.arrival_time,)
 
@@ -57,9 +53,6 @@ class PriorityPolicy:
     """Lower ``priority`` value first (as in vLLM), ties broken by arrival time."""
 
     name = "priority"
-
-    def __init__(self) -> None:
-        check_available("scheduling_policy", f"{type(self).__name__}()", owner=self)
 
     def waiting_key(self, request: Request) -> tuple:
         return (request.priority, request.arrival_time)

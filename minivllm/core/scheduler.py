@@ -32,7 +32,6 @@ from minivllm.core.interfaces import ForkingKVCacheManager, StepTokens
 from minivllm.core.policies import POLICIES, FCFSPolicy, make_policy
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
-from minivllm.withheld import check_available
 
 SCHEDULING_POLICIES = tuple(POLICIES)
 
@@ -74,7 +73,6 @@ class SchedulerBase:
     and ending requests. ``schedule()`` is the subclass's."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager):
-        check_available("scheduler", f"{type(self).__name__}.__init__", owner=self)
         self.config = config
         self.kv = kv_cache_manager
         self.policy = config.policy
@@ -258,7 +256,6 @@ class Scheduler(SchedulerBase):
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step: the running requests first, then admissions (see the module doc)."""
-        check_available("scheduler", "Scheduler.schedule", owner=self)
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # memory is tight after a preemption: admit nobody this step

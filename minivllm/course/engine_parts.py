@@ -102,21 +102,6 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
     "ex11_spec_verify": ("minivllm.spec_decode.rejection:verify",),
 }
 
-# While a check grades an exercise, minivllm's own implementation of the part it writes is
-# withheld from the code handed in (``minivllm/withheld.py``): a part graded on its own.
-WITHHELD_PARTS: dict[str, tuple[str, ...]] = {
-    "ex02_continuous": ("scheduler",),
-    "ex03_chunked_prefill": ("scheduler",),
-    "ex04_block_allocator": ("kv_cache",),
-    "ex05_paged_attention_ref": ("attention",),
-    "ex06_triton_kernel": ("decode_kernel",),  # its backend hands prompts to minivllm's own
-    "ex07_prefix_cache": ("kv_cache",),
-    "ex08_engine_step": ("engine_core",),
-    "ex09_reasoning": ("scheduling_policy",),
-    "ex10_costs": ("cost_model",),
-    "ex11_spec_verify": ("verifier",),
-}
-
 MIN_LINE = 12  # characters (whitespace removed) for a source line to count as significant
 _SOURCE_CALLS = {"getsource", "getsourcelines", "psource", "pfile"}
 

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from minivllm.withheld import withheld
-
 PASS, FAIL, TODO, ERROR = "pass", "fail", "todo", "error"
 RENDER_WIDTH = 100  # columns of the scoreboard's details
 _MARK = {PASS: "✓", FAIL: "✗", TODO: "·", ERROR: "!"}
@@ -207,34 +205,14 @@ def _short(value: Any, limit: int = 160) -> str:
 def run_case(case_: Case, module: ModuleType) -> CaseResult:
     """Run one case and classify what happened. Never raises (except KeyboardInterrupt).
 
-    While it runs, minivllm's own implementation of the exercise's part is withheld from the
-    module's code (``minivllm.withheld``): a case that the module passes by calling it fails."""
-    from minivllm.course.engine_parts import WITHHELD_PARTS
+    A module whose source reaches minivllm's own implementation of the part its exercise writes
+    (:mod:`minivllm.course.handed_on`) fails every case before any of its code runs."""
+    from minivllm.course.handed_on import hand_offs_of, part_name
 
-    parts = WITHHELD_PARTS.get(getattr(module, "__exercise__", ""), ())
-    aliased = _minivllms_own(module, case_.func) if parts else None
-    if aliased is not None:
-        return CaseResult(case_, FAIL, f"{case_.func.split('.')[0]} is {aliased}, minivllm's own: the part this "
-                                       "exercise writes is yours to write, not to hand on")
-    files = [module.__file__] if getattr(module, "__file__", None) else []
-    with withheld(parts, files) as refused:
-        result = _run_case(case_, module)
-    if refused and result.status != TODO:
-        part, what = refused[0].split(": ", 1)
-        message = (f"your code calls {what}, minivllm's own {part.replace('_', ' ')}: the part this exercise "
-                   f"writes is yours to write, not to hand on")
-        return CaseResult(case_, FAIL, message)
-    return result
-
-
-def _minivllms_own(module: ModuleType, func: str) -> str | None:
-    """``"minivllm.x.y.name"`` when the module's ``func`` (its first component: a function or a
-    class the exercise defines) is minivllm's own object, bound under the exercise's name."""
-    obj = getattr(module, func.split(".")[0], None)
-    owner = getattr(obj, "__module__", None) or ""
-    if owner.startswith("minivllm.") and not owner.startswith("minivllm.course"):
-        return f"{owner}.{getattr(obj, '__qualname__', func)}"
-    return None
+    hand_offs = hand_offs_of(module)
+    if hand_offs:
+        return CaseResult(case_, FAIL, hand_offs[0].message(part_name(module.__exercise__)))
+    return _run_case(case_, module)
 
 
 def _run_case(case_: Case, module: ModuleType) -> CaseResult:

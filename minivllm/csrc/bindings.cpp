@@ -5,7 +5,6 @@
 
 #include <torch/extension.h>
 
-#include "decoder_stack_cpu.h"
 #include "layer_ops_cpu.h"
 #include "paged_attention_cpu.h"
 
@@ -13,7 +12,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "PagedAttention over a paged KV cache, read in place");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, float32");
   m.def("rotary_", &rotary_, "rotary embeddings of [T, heads, head_dim], in place, float32");
-  m.def("decoder_stack", &decoder_stack, "every decoder layer of a step of short sequences, float32");
-  m.def("greedy_draft_steps", &greedy_draft_steps, "greedy passes of a draft model, each fed the last one's argmax");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, float32");
 }

@@ -24,7 +24,6 @@ from minivllm.attention import KVCacheRequirements
 from minivllm.attention.kv_quant import INT8_BACKENDS, int8_row_width
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.model.config import ModelConfig
-from minivllm.model.decoder_stack import DecoderStackKernel, decoder_stack_for
 from minivllm.model.layer_ops import LayerOps, TorchLayerOps
 from minivllm.model.rope import RotaryEmbedding
 
@@ -112,16 +111,13 @@ class LlamaFamilyModel(nn.Module):
     """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``;
     ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` only for the rows that are sampled.
     ``layer_ops``: how RMSNorm, RoPE and SiLU-and-multiply are computed
-    (:mod:`minivllm.model.layer_ops`; PyTorch's by default). ``decoder_stack``, set from them:
-    what may run a step's whole stack in one call instead of module by module
-    (:mod:`minivllm.model.decoder_stack`: the C++ one with the CPU's layer ops, else none; set
-    it to ``None`` to run the modules always)."""
+    (:mod:`minivllm.model.layer_ops`; PyTorch's by default). Every step, prompt or decode, on
+    any device, runs these modules: there is one definition of the model."""
 
     def __init__(self, cfg: ModelConfig, backend, layer_ops: LayerOps | None = None):
         super().__init__()
         self.config = cfg
         self.layer_ops = layer_ops or TorchLayerOps()
-        self.decoder_stack: DecoderStackKernel | None = decoder_stack_for(self.layer_ops)
         self.model = DecoderStack(cfg, backend, self.layer_ops)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -186,10 +182,6 @@ class LlamaFamilyModel(nn.Module):
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        if self.decoder_stack is not None:
-            stacked = self.decoder_stack.forward(self, x, cos, sin, attn_metadata)
-            if stacked is not None:
-                return stacked
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn_metadata)
         return self.model.norm(x)

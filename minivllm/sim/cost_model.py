@@ -42,7 +42,6 @@ from functools import cached_property
 
 from minivllm.sim.hardware import Hardware
 from minivllm.sim.model_spec import ModelSpec
-from minivllm.withheld import check_available
 
 
 def scheduled_rows(sched_out) -> list[tuple[int, int, int]]:
@@ -131,7 +130,6 @@ class CostModel:
         ``num_rows`` rows (new tokens + padding) computed after ``num_cached`` tokens already
         in the KV cache, and how many of them the LM head runs on (``True``: one, the last;
         ``1 + k`` for a verification of ``k`` drafts)."""
-        check_available("cost_model", "CostModel.step_cost")
         row_flops, pair_flops, head_flops, kv_tok, body_bytes, head_bytes = self._constants
         total_rows = pairs = context = samples = 0
         for cached, n, sample in rows:

@@ -85,8 +85,6 @@ class DraftModelProposer:
                     start = length + step - 1
                     feeds.append([drafts[rid][-1]])
                 starts.append(start)
-            if self._chain(active, feeds, starts, drafts, probs, step):
-                break
             query_lens, seq_lens, tables, slots, input_ids, positions = [], [], [], [], [], []
             for it, feed, start in zip(active, feeds, starts, strict=True):
                 input_ids.extend(feed)
@@ -120,35 +118,6 @@ class DraftModelProposer:
             rid: (d, torch.stack(probs[rid]) if d else torch.empty(0, vocab, device=self.device))
             for rid, d in drafts.items()
         }
-
-    def _chain(self, active: list[DraftRequest], feeds: list[list[int]], starts: list[int],
-               drafts: dict[str, list[int]], probs: dict[str, list[torch.Tensor]], step: int) -> bool:
-        """The passes from ``step`` on (``feeds``/``starts``: this pass's tokens and first
-        positions) in one call of the model's decoder stack
-        (:meth:`minivllm.model.decoder_stack.CpuDecoderStack.greedy_steps`), when every request
-        is greedy (its draft is the argmax: ``q`` is one-hot, :meth:`Sampler.probs`' rule), no
-        ``min_tokens`` can mask a stop token, and all want as many more drafts. False: run them
-        one by one."""
-        chain = getattr(self.model.decoder_stack, "greedy_steps", None)
-        remaining = {it.num_drafts - step for it in active}
-        if chain is None or len(remaining) != 1:
-            return False
-        for it in active:
-            params = it.request.sampling_params
-            if not params.greedy or params.min_tokens > it.request.num_output_tokens:
-                return False
-        num_steps = remaining.pop()
-        tokens = chain(self.model, feeds, starts, [it.block_ids for it in active], self.block_size, num_steps)
-        if tokens is None:
-            return False
-        one_hot = torch.zeros(len(active), num_steps, self.model.config.vocab_size, device=self.device)
-        one_hot.scatter_(2, torch.tensor(tokens, device=self.device)[:, :, None], 1.0)
-        for i, (it, feed, start) in enumerate(zip(active, feeds, starts, strict=True)):
-            rid = it.request.request_id
-            drafts[rid].extend(tokens[i])
-            probs[rid].extend(one_hot[i])
-            self._num_valid[rid] = start + len(feed) + num_steps - 1
-        return True
 
     def _draw(self, q: torch.Tensor, requests: list[Request], step: int) -> torch.Tensor:
         """One token per row from ``q`` by the exponential race, with the sampler's noise from the

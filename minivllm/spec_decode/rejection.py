@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 
 from minivllm.transfer import to_device
-from minivllm.withheld import check_available
 
 
 def verify(
@@ -44,7 +43,6 @@ def verify(
 ) -> list[list[int]]:
     """The tokens each request emits this step: its accepted drafts, then one more token (the
     residual draw at the first rejection, or the bonus token). ``1 <= len <= k_r + 1``."""
-    check_available("verifier", "rejection.verify")
     device = target_probs.device
     num_rows = target_probs.shape[0]
     starts, flat = [], []
@@ -89,7 +87,6 @@ def verify_greedy(target_tokens: list[int], draft_tokens: list[list[int]]) -> li
     one-hot ``p``: a draft is kept while it equals the argmax of its row, and the token after
     the kept drafts is that row's argmax (the residual of a one-hot ``p`` at a rejection, the
     bonus token after all ``k``). The same tokens, without a tensor per row and token."""
-    check_available("verifier", "rejection.verify_greedy")
     out, start = [], 0
     for drafts in draft_tokens:
         a = 0

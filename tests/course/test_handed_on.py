@@ -1,17 +1,17 @@
 """A part graded on its own: an answer that hands the part on to minivllm's own implementation --
 subclasses it, builds one inside, calls its functions, or binds the exercise's name to it --
-fails its exercise, for every exercise from 02 on (``minivllm/withheld.py``), and a failed case
-says why. Each answer below is the reference solution with the part rebound to minivllm's. Were
-minivllm's part not withheld while the check runs, ex06's and ex09's would pass every case, and
-ex02's and ex11's all but one."""
+fails its exercise, for every exercise from 02 on, with a message that names the line and the
+import (``minivllm/course/handed_on.py`` reads the file before grading; the engine knows nothing
+of it). Each answer below is the reference solution with the part rebound to minivllm's. Were the
+file not read, ex06's and ex09's would pass every case, and ex02's and ex11's all but one."""
 
 from __future__ import annotations
 
 import pytest
 
 from minivllm import course
-from minivllm.course.engine_parts import WITHHELD_PARTS
 from minivllm.course.grading import FAIL, PASS, run_cases
+from minivllm.course.handed_on import OWN_IMPLEMENTATIONS, find_hand_offs
 from minivllm.course.loader import load_path
 
 ROOT = course.course_root()
@@ -111,7 +111,7 @@ from minivllm.spec_decode.rejection import verify as verify_step  # noqa: F811
 
 
 def test_every_exercise_that_writes_a_part_has_a_handed_on_answer():
-    assert set(HANDED_ON) == set(WITHHELD_PARTS)
+    assert set(HANDED_ON) == set(OWN_IMPLEMENTATIONS)
 
 
 @pytest.mark.parametrize("name", sorted(HANDED_ON))
@@ -122,5 +122,64 @@ def test_an_answer_that_hands_the_part_on_fails(name, tmp_path):
     report = run_cases(name, module, course.cases_for(name), "handed on")
     failed = [r for r in report.results if r.status == FAIL]
     assert failed, f"no case noticed that {name}'s answer hands its part on"
-    assert any("minivllm's" in r.message for r in failed), [r.message for r in failed][:3]
-    assert not all(r.status == PASS for r in report.results)
+    assert all(r.status == FAIL for r in report.results)  # refused before anything ran
+    message = report.results[0].message
+    assert "minivllm's own" in message and "import" in message, message
+    assert not any(r.status == PASS for r in report.results)
+
+
+# The ways around a check that watched the call stack while the code ran, each refused by reading
+# the file: the class compiled under another file name, the work done on another thread, the name
+# bound by assignment, the module imported by name.
+OTHER_ROUTES = {
+    "exec": ("ex02_continuous", '''
+exec(compile("from minivllm.core.scheduler import Scheduler as _S\\nclass ContinuousScheduler(_S): pass",
+             "elsewhere.py", "exec"))
+'''),
+    "thread": ("ex11_spec_verify", '''
+import concurrent.futures
+from minivllm.spec_decode import rejection
+
+
+def verify_step(*args, **kwargs):  # noqa: F811
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(rejection.verify, *args, **kwargs).result()
+'''),
+    "alias": ("ex02_continuous", '''
+import minivllm.core.scheduler
+
+ContinuousScheduler = minivllm.core.scheduler.Scheduler
+'''),
+    "import_module": ("ex09_reasoning", '''
+import importlib
+
+_policies = importlib.import_module("minivllm.core.policies")
+ChatFirstPolicy = getattr(_policies, "PriorityPolicy")
+'''),
+}
+
+
+@pytest.mark.parametrize("route", sorted(OTHER_ROUTES))
+def test_other_routes_to_minivllms_part_are_refused(route, tmp_path):
+    name, tail = OTHER_ROUTES[route]
+    source = (ROOT / "solutions" / f"{name}.py").read_text() + "\n" + tail
+    found = find_hand_offs(source, name)
+    assert found, f"{route}: not refused"
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    report = run_cases(name, load_path(path, name, "handed_on"), course.cases_for(name)[:2], "handed on")
+    assert all(r.status == FAIL and "minivllm's own" in r.message for r in report.results)
+
+
+def test_a_constant_of_minivllms_class_and_the_reference_solutions_are_not_refused():
+    """Reading a shared default (``CostModel.flops_efficiency``) is not handing the work on; no
+    reference solution, stub or alternative answer reaches its part."""
+    source = "from minivllm.sim import CostModel\n\nEFFICIENCY = CostModel.flops_efficiency\n"
+    assert find_hand_offs(source, "ex10_costs") == []
+    assert find_hand_offs(source + "model = CostModel(None, None)\n", "ex10_costs")
+    for name in OWN_IMPLEMENTATIONS:
+        for folder in ("solutions", "exercises"):
+            assert find_hand_offs((ROOT / folder / f"{name}.py").read_text(), name) == [], (folder, name)
+        alternative = ROOT / "tests" / "course" / "alternatives" / f"{name}.py"
+        if alternative.exists():
+            assert find_hand_offs(alternative.read_text(), name) == [], alternative

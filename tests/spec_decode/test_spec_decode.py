@@ -211,64 +211,6 @@ def test_greedy_output_is_identical_with_a_draft_model(reference_outputs, random
     assert_idle_and_empty(llm)
 
 
-class _PassByPass:
-    """A draft model's decoder stack without ``greedy_steps``: its proposer runs every pass
-    through the model, one by one."""
-
-    def __init__(self, stack):
-        self.name, self.forward = stack.name, stack.forward
-
-
-def _recording(fn, results: list):
-    """``fn``, keeping what each call returns in ``results``."""
-
-    def call(*args, **kwargs):
-        results.append(fn(*args, **kwargs))
-        return results[-1]
-
-    return call
-
-
-@pytest.mark.parametrize("settings", [
-    {},  # greedy: the passes after the first are one call
-    {"min_tokens": 30, "stop_token_ids": [5]},  # a stop token masked: pass by pass until min_tokens
-])
-def test_chained_greedy_drafts_are_the_pass_by_pass_drafts(settings):
-    """The draft model's passes after the first, chained in one call of its decoder stack
-    (``CpuDecoderStack.greedy_steps``): the same drafts, the same q, the same draft K/V and the
-    same output as proposing pass by pass."""
-    from minivllm.model.decoder_stack import CpuDecoderStack
-
-    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, **settings)
-    runs = []
-    for chained in (True, False):
-        llm = LLM(TINY, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4,
-                                            "disable_by_batch_size": None})
-        proposer = local_core(llm).executor.speculative.draft
-        stack, calls, proposals = proposer.model.decoder_stack, [], []
-        if not isinstance(stack, CpuDecoderStack):
-            pytest.skip("no C++ decoder stack here (the CPU kernels do not build)")
-        if not chained:
-            proposer.model.decoder_stack = _PassByPass(stack)
-        else:
-            stack.greedy_steps = _recording(stack.greedy_steps, calls)
-        proposer.propose = _recording(proposer.propose, proposals)
-        outs = llm.generate(PROMPTS, params, use_tqdm=False)
-        caches = [(k.clone(), v.clone()) for k, v in proposer.kv_caches]
-        runs.append(([o.outputs[0].token_ids for o in outs], proposals, caches, sum(c is not None for c in calls)))
-    (tokens, proposals, caches, calls), (tokens_1, proposals_1, caches_1, _) = runs
-    assert tokens == tokens_1
-    assert len(proposals) == len(proposals_1)
-    for a, b in zip(proposals, proposals_1, strict=True):
-        assert a.keys() == b.keys()
-        assert all(a[r][0] == b[r][0] and torch.equal(a[r][1], b[r][1]) for r in a)
-    assert all(torch.equal(k, k1) and torch.equal(v, v1) for (k, v), (k1, v1) in zip(caches, caches_1, strict=True))
-    if settings:  # chained only once min_tokens cannot mask anything any more
-        assert 0 < calls < len(proposals)
-    else:  # all but the last few, where the requests' remaining lengths allow unequal drafts
-        assert calls > len(proposals) // 2
-
-
 def test_speculation_in_the_engine_core_process_streams_the_same_tokens(reference_outputs):
     params, ref = reference_outputs
     llm = LLM(TINY, speculative_config=NGRAM, engine_core_process=True)
