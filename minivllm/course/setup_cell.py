@@ -5,10 +5,17 @@
 ``tests/course/test_setup_cell.py`` fails when a notebook carries anything else. Change the cell here,
 then run the script.
 
-What the cell does: on Colab it clones the repository and installs the package with its
-runtime dependencies only (Colab already has torch, triton, ipywidgets and the Jupyter stack;
-the notebook extras are for your own machine); everywhere it picks the device and the number
-format (:mod:`minivllm.course.runtime`) and prints them.
+What the cell does: on Colab it fetches the course at :data:`RELEASE` (the release these
+notebooks were written for, not whatever the default branch holds that day), installs the
+package with its runtime dependencies only (Colab already has torch, triton, ipywidgets and the
+Jupyter stack; the notebook extras are for your own machine), and keeps the student's
+``exercises/`` where a recycled runtime does not lose it (:mod:`minivllm.course.colab`: on Google
+Drive, or saved and restored by hand with ``KEEP_WORK_ON_DRIVE = False``); everywhere it picks
+the device and the number format (:mod:`minivllm.course.runtime`) and prints them.
+
+Whoever publishes the course sets :data:`REPO_URL` to the repository's address, tags each release
+``v<version>`` (the package's version, ``pyproject.toml``), and runs the script: the cells and
+the badges then point there.
 """
 
 from __future__ import annotations
@@ -16,26 +23,40 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPO_URL = "https://github.com/minivllm-course/minivllm"
-BRANCH = "main"
+import minivllm
+
+REPO_URL = "https://github.com/minivllm-course/minivllm"  # where the course is published
+RELEASE = f"v{minivllm.__version__}"  # the git tag a Colab session installs
+BRANCH = "main"  # what the badges open
 MARKER = "# Setup (the same cell in every notebook"
 
 SETUP_CELL = f'''# NBVAL_IGNORE_OUTPUT
 {MARKER}: scripts/sync_setup_cell.py writes it.)
-# On Colab: fetch the course and install it with its runtime dependencies; torch, triton,
-# ipywidgets and Jupyter are already there. On your own machine: nothing to install here.
+# On Colab: fetch the course's release, install it with its runtime dependencies (torch, triton,
+# ipywidgets and Jupyter are already there), and keep your exercises/ on Google Drive, where a
+# recycled runtime does not lose them. On your own machine: nothing to install here.
 import os
 import subprocess
 import sys
 
 REPO_URL = "{REPO_URL}"
+RELEASE = "{RELEASE}"
+KEEP_WORK_ON_DRIVE = True  # your exercises/ on Google Drive; False: save_work() / restore_work() by hand
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/minivllm"):
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, "/content/minivllm"], check=True)
-        pip = [sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"]
+    content = os.environ.get("MINIVLLM_COLAB_CONTENT", "/content")
+    course_dir = os.path.join(content, "minivllm")
+    if not os.path.isdir(course_dir):
+        clone = ["git", "clone", "--quiet", "--depth", "1", "--branch", RELEASE, REPO_URL, course_dir]
+        if subprocess.run(clone).returncode != 0:
+            print(f"release {{RELEASE}} is not at {{REPO_URL}}: taking its default branch instead")
+            subprocess.run(["git", "clone", "--quiet", "--depth", "1", REPO_URL, course_dir], check=True)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "-e", course_dir]
         subprocess.run(pip, check=True)
-    os.chdir("/content/minivllm/notebooks")
-    sys.path.insert(0, "/content/minivllm")
+    sys.path.insert(0, course_dir)
+    os.chdir(os.path.join(course_dir, "notebooks"))
+    from minivllm.course.colab import keep_work
+
+    keep_work(course_dir, os.path.join(content, "drive/MyDrive/minivllm-work") if KEEP_WORK_ON_DRIVE else None)
 
 # Figures appear under the cell that draws them (minivllm never changes matplotlib's backend).
 %matplotlib inline

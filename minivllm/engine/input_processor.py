@@ -4,10 +4,11 @@ Everything a caller hands the engine -- the prompt (text, token ids or a prompt 
 ``SamplingParams``, a priority, an arrival time, a cache salt -- is turned into token ids and
 checked here, against what this engine can serve (``max_model_len``, the vocabulary, whether it
 has a tokenizer), with an error that names the value and the limit and stays short whatever the
-client sent (``short_repr``). ``LLMEngine.add_request``,
-``LLM.generate`` (every prompt of a batch before any is queued), ``AsyncLLM`` (on the caller's
-side, before a request crosses to the engine's thread) and the simulator use it, so the rules
-cannot drift apart.
+client sent (``short_repr``). It is the one owner of every request rule: ``LLMEngine.add_request``,
+``LLM.generate`` (every prompt of a batch before any is queued), ``LLM.beam_search``, ``AsyncLLM``
+(on the caller's side, before a request crosses to the engine's thread), the HTTP server (which
+maps its errors to 400s naming the field) and the simulator use it, so the rules cannot drift
+apart. It also stamps a request's arrival, once, when its inputs are first checked.
 
 Pure Python: the tokenizer is any Hugging Face-style callable (``tokenizer(text).input_ids``). A
 Hugging Face tokenizer must not be used by two threads at once, so a front end that tokenizes
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,7 @@ class ProcessedInputs:
     params: SamplingParams
     cache_salt: str | None  # the argument's, else the prompt dict's ``"cache_salt"``
     priority: int = 0
-    arrival_time: float | None = None  # None: when the engine queues it
+    arrival_time: float = 0.0  # time.perf_counter() when the request arrived (its one stamp)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
 
@@ -70,8 +72,9 @@ class InputProcessor:
         """Every input checked, the prompt tokenized; ``params=None`` means ``SamplingParams()``.
         ``cache_salt`` (or a prompt dict's ``"cache_salt"``, as in vLLM) keeps the request's
         prefix-cache blocks apart from those of requests with another salt or none;
-        ``output_kind`` says what each of its outputs holds. Raises ``TypeError`` /
-        ``ValueError``."""
+        ``output_kind`` says what each of its outputs holds; ``arrival_time`` (``time.perf_counter()``
+        seconds) is stamped now unless given. Raises ``TypeError`` / ``ValueError``."""
+        now = time.perf_counter()
         params = SamplingParams() if params is None else params
         self.check_params(params)
         check_int("priority", priority)
@@ -86,12 +89,19 @@ class InputProcessor:
         self.check_cache_salt(cache_salt)
         text, ids = self.tokenize(prompt)
         self.check_prompt(ids)
-        return ProcessedInputs(text, ids, params, cache_salt, priority, arrival_time, output_kind)
+        return ProcessedInputs(text, ids, params, cache_salt, priority,
+                               now if arrival_time is None else float(arrival_time), output_kind)
 
     @staticmethod
     def check_cache_salt(cache_salt) -> None:
-        if cache_salt is not None and not isinstance(cache_salt, str):
+        """A salt is a non-empty string of valid Unicode, or ``None`` (no salt)."""
+        if cache_salt is None:
+            return
+        if not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        if not cache_salt or not is_valid_unicode(cache_salt):
+            raise ValueError("cache_salt must be a non-empty string of valid Unicode if given "
+                             f"(got {short_repr(cache_salt)}); leave it out for no salt")
 
     # --- the prompt ------------------------------------------------------------------------
     def tokenize(self, prompt) -> tuple[str | None, list[int]]:
@@ -127,14 +137,16 @@ class InputProcessor:
             raise TypeError(f"prompt token ids must be integers, got {short_repr(bad)} ({type(bad).__name__})")
         return list(ids)
 
-    def check_prompt(self, ids: list[int]) -> None:
-        """``ValueError`` naming the value and the limit for a prompt the engine cannot serve."""
+    def check_prompt(self, ids: list[int], max_tokens: int | None = None) -> None:
+        """``ValueError`` naming the value and the limit for a prompt the engine cannot serve;
+        with ``max_tokens`` (beam search, which must fit whole), the prompt and that many more."""
         if not ids:
             raise ValueError("the prompt is empty (0 tokens); a request needs at least 1 prompt token")
-        if len(ids) >= self.max_model_len:
+        check_prompt_length(len(ids), self.max_model_len)
+        if max_tokens is not None and len(ids) + max_tokens > self.max_model_len:
             raise ValueError(
-                f"the prompt has {len(ids)} tokens but max_model_len={self.max_model_len} "
-                f"(a prompt may have at most {self.max_model_len - 1} tokens, leaving room to generate)"
+                f"the prompt of {len(ids)} tokens + max_tokens={max_tokens} exceeds "
+                f"max_model_len={self.max_model_len}"
             )
         vocab = self.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
@@ -171,3 +183,13 @@ class InputProcessor:
                     f"min_tokens={params.min_tokens} cannot be met: {with_eos}stop_token_ids cover all "
                     f"{vocab} tokens, so no token may be generated before min_tokens"
                 )
+
+
+def check_prompt_length(num_tokens: int, max_model_len: int) -> None:
+    """The length rule alone (a front end applies it to a list of ids before building anything
+    for them): a prompt leaves room for at least one generated token."""
+    if num_tokens >= max_model_len:
+        raise ValueError(
+            f"the prompt has {num_tokens} tokens but max_model_len={max_model_len} "
+            f"(a prompt may have at most {max_model_len - 1} tokens, leaving room to generate)"
+        )

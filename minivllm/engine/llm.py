@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from minivllm.core.beam_search import BeamSearchOutput, BeamSequence
+from minivllm.core.beam_search import BeamSearchOutput
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.metrics import EngineStats
 from minivllm.outputs import RequestOutput, RequestOutputKind
@@ -174,37 +174,9 @@ class LLM:
         Beams share KV blocks and fork copy-on-write (see ``minivllm/core/beam_search.py``). It
         runs where the engine core runs (this process or the core's own), and needs an idle
         engine (no other call running)."""
-        if not isinstance(params, BeamSearchParams):
-            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-        engine = self.engine
         prompts = self._as_list(prompts)
-        checked = []
-        for prompt in prompts:  # every prompt checked before the search starts
-            text, ids = engine.tokenize(prompt)
-            engine.check_prompt(ids)
-            if len(ids) + params.max_tokens > engine.max_model_len:
-                raise ValueError(
-                    f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} exceeds "
-                    f"max_model_len={engine.max_model_len}"
-                )
-            checked.append((text, ids))
         with self._lock:
-            if engine.has_unfinished_requests():
-                raise RuntimeError("beam search needs an idle engine; finish or abort running requests first")
-            results = engine.core_client.call(
-                "beam_search", [ids for _, ids in checked], params, engine.model_config.vocab_size,
-                engine.args.max_num_seqs,
-            )
-        tokenizer = engine.tokenizer
-        decode = tokenizer.decode if tokenizer is not None else (lambda ids, **_: "")
-        return [
-            BeamSearchOutput(text, ids, [
-                BeamSequence(s.token_ids, s.cum_logprob, s.score, decode(s.token_ids, skip_special_tokens=True),
-                             s.finished_by_eos)
-                for s in result.sequences
-            ], result.error)
-            for (text, ids), result in zip(checked, results, strict=True)
-        ]
+            return self.engine.beam_search(prompts, params)
 
     def stats(self) -> EngineStats:
         """Per-step and per-request metrics collected so far (for plots and tables)."""

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from minivllm.config import EngineArgs
-from minivllm.core.messages import EngineCoreRequest, sample_ids
+from minivllm.core.beam_search import BeamSearchOutput, BeamSequence
+from minivllm.core.messages import sample_ids
 from minivllm.engine.core_client import EngineCoreClient, InprocCore
 from minivllm.engine.input_processor import InputProcessor, ProcessedInputs
 from minivllm.engine.output_processor import OutputProcessor
@@ -33,7 +33,7 @@ from minivllm.model.config import ModelConfig
 from minivllm.model.loader import load_tokenizer, resolve_model_path
 from minivllm.outputs import RequestOutput, RequestOutputKind
 from minivllm.request import RequestStatus
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLMEngine:
@@ -108,10 +108,6 @@ class LLMEngine:
         """``(text or None, token ids)``: the engine's :class:`InputProcessor` at work."""
         return self.input_processor.tokenize(prompt)
 
-    def check_prompt(self, ids: list[int]) -> None:
-        """``ValueError`` for a prompt this engine cannot serve (see :class:`InputProcessor`)."""
-        self.input_processor.check_prompt(ids)
-
     def caller_input_processor(self) -> InputProcessor:
         """The same checks with a tokenizer of its own, for a front end that tokenizes on
         another thread than the one that detokenizes (``AsyncLLM``)."""
@@ -139,15 +135,40 @@ class LLMEngine:
         else:
             inputs = self.input_processor.process(prompt, params, priority=priority, arrival_time=arrival_time,
                                                   cache_salt=cache_salt, output_kind=output_kind)
-        params, ids = inputs.params, inputs.prompt_token_ids
-        request_id = self._new_request_id(params.n) if request_id is None else str(request_id)
-        self.output_processor.check_ids_free(request_id, params.n)
-        now = time.perf_counter() if inputs.arrival_time is None else inputs.arrival_time
-        self.core_client.add_request(
-            EngineCoreRequest(request_id, ids, params, now, inputs.priority, inputs.cache_salt)
-        )
-        self.output_processor.add_request(request_id, inputs.prompt, ids, params, inputs.output_kind, now)
+        request_id = self._new_request_id(inputs.params.n) if request_id is None else str(request_id)
+        message = self.output_processor.admit(request_id, inputs)
+        try:
+            self.core_client.add_request(message)
+        except BaseException:
+            self.output_processor.withdraw(request_id)
+            raise
         return request_id
+
+    def beam_search(self, prompts: Sequence, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Beam search for each prompt, run where the engine core runs (this process or the
+        core's own; ``minivllm/core/beam_search.py``). Every prompt is checked first, whole
+        search included (:meth:`InputProcessor.check_prompt` with ``max_tokens``); the engine
+        must be idle."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        checked = []
+        for prompt in prompts:
+            text, ids = self.input_processor.tokenize(prompt)
+            self.input_processor.check_prompt(ids, max_tokens=params.max_tokens)
+            checked.append((text, ids))
+        if self.has_unfinished_requests():
+            raise RuntimeError("beam search needs an idle engine; finish or abort running requests first")
+        results = self.core_client.call("beam_search", [ids for _, ids in checked], params,
+                                        self.model_config.vocab_size, self.args.max_num_seqs)
+        decode = self.tokenizer.decode if self.tokenizer is not None else (lambda ids, **_: "")
+        return [
+            BeamSearchOutput(text, ids, [
+                BeamSequence(s.token_ids, s.cum_logprob, s.score, decode(s.token_ids, skip_special_tokens=True),
+                             s.finished_by_eos)
+                for s in result.sequences
+            ], result.error)
+            for (text, ids), result in zip(checked, results, strict=True)
+        ]
 
     def _new_request_id(self, n: int) -> str:
         op = self.output_processor

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from minivllm.core.interfaces import Logprobs
-from minivllm.core.messages import RequestDelta, sample_ids
+from minivllm.core.messages import EngineCoreRequest, RequestDelta, sample_ids
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.input_processor import ProcessedInputs
 from minivllm.outputs import (
     CompletionOutput,
     Logprob,
@@ -114,6 +115,26 @@ class OutputProcessor:
     def in_use(self, request_id: str) -> bool:
         """A user request's id, or the id of one of its samples, while it is unfinished."""
         return request_id in self.families or request_id in self.children
+
+    def admit(self, request_id: str, inputs: ProcessedInputs) -> EngineCoreRequest:
+        """The one way a request enters an engine, whichever front end took it (``LLM``,
+        ``LLMEngine``, ``AsyncLLM``): its checked inputs (:class:`InputProcessor`, which stamped
+        its arrival), its id and its samples' ids checked free, its state followed here; returns
+        the message that queues it in the core, which the caller sends. Raises before anything
+        is followed."""
+        params = inputs.params
+        self.check_ids_free(request_id, params.n)
+        self.add_request(request_id, inputs.prompt, inputs.prompt_token_ids, params, inputs.output_kind,
+                         inputs.arrival_time)
+        return EngineCoreRequest(request_id, inputs.prompt_token_ids, params, inputs.arrival_time,
+                                 inputs.priority, inputs.cache_salt)
+
+    def withdraw(self, request_id: str) -> None:
+        """Stop following a request just admitted that never reached the core (its message could
+        not be delivered): no output is made for it."""
+        family = self.families.get(request_id)
+        if family is not None:
+            self._forget(family)
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from minivllm.core.messages import EngineCoreOutputs, EngineCoreRequest, FinishRequests
+from minivllm.core.messages import EngineCoreOutputs, FinishRequests
 from minivllm.engine.core_client import CoreConnection, EngineDeadError
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.output_processor import ProcessedOutputs
@@ -245,15 +245,13 @@ class AsyncLLM:
         """Queue a request and return its stream. Raises before anything is queued:
         ``ValueError`` / ``TypeError`` (the engine's validation, naming the value and the
         limit), :class:`QueueFullError`, :class:`EngineDeadError`."""
-        arrival = time.perf_counter()
         self._check_alive()
         await self.start()
         self._check_alive()
-        inputs = self.input_processor.process(prompt, params, priority=priority, cache_salt=cache_salt)
+        inputs = self.input_processor.process(prompt, params, priority=priority, cache_salt=cache_salt,
+                                              output_kind=output_kind)
         text, ids, params = inputs.prompt, inputs.prompt_token_ids, inputs.params
         request_id = f"req-{uuid.uuid4().hex}" if request_id is None else str(request_id)
-        op = self.output_processor
-        op.check_ids_free(request_id, params.n)
         if self.max_waiting is not None and self._waiting() >= self.max_waiting:
             with self.metrics.lock:
                 self.metrics.rejected.inc(label_value="queue_full")
@@ -261,8 +259,12 @@ class AsyncLLM:
                 f"the server is at capacity: {self._waiting()} requests are waiting for a "
                 f"seat and max_waiting={self.max_waiting}; retry later"
             )
-        op.add_request(request_id, text, ids, params, output_kind, arrival)
-        self._connection.send(EngineCoreRequest(request_id, ids, params, arrival, priority, inputs.cache_salt))
+        message = self.output_processor.admit(request_id, inputs)
+        try:
+            self._connection.send(message)
+        except BaseException:
+            self.output_processor.withdraw(request_id)
+            raise
         stream = RequestStream(request_id, text, ids, params.n, output_kind, self._abort_from_caller)
         self._streams[request_id] = stream
         self._in_flight[request_id] = _InFlight(len(ids), params.n)

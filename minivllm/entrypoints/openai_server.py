@@ -127,20 +127,14 @@ class OpenAIServer:
                     api.check_text(p, "prompt", "the prompt" if len(raw_prompts) == 1 else f"prompt {i}",
                                    self.prompt_char_limit)
                 text, ids = llm.tokenize(p)
-                bad = next((t for t in ids if not 0 <= t < llm.vocab_size), None)
-                if bad is not None:
-                    raise api.InvalidRequestError(
-                        f"prompt token id {bad} is outside the vocabulary [0, {llm.vocab_size})", "prompt"
-                    )
                 if text is None and llm.tokenizer is not None:
                     text = llm.tokenizer.decode(ids)
                 texts.append(text or "")
                 prompts.append(ids)
             param = "prompt"
-        for ids in prompts:
-            if not ids:
-                raise api.InvalidRequestError("the prompt is empty (0 tokens)", param)
-            api.check_prompt_length(len(ids), llm.max_model_len, param)
+        for ids in prompts:  # the engine's prompt rules: not empty, short enough, in the vocabulary
+            with api.refused_as(param):
+                llm.input_processor.check_prompt(ids)
         longest = max(len(ids) for ids in prompts)
         params = api.to_sampling_params(req, longest, llm.max_model_len)
         return req, texts, prompts, params

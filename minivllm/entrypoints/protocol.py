@@ -15,11 +15,14 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from minivllm.engine.input_processor import InputProcessor
+from minivllm.engine.input_processor import check_prompt_length as engine_prompt_length_rule
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams, is_valid_unicode, short_repr
 
@@ -221,9 +224,8 @@ def check_text(text: str, param: str, what: str, char_limit: int) -> None:
 
 
 def check_cache_salt(req: _SamplingFields) -> None:
-    salt = req.cache_salt
-    if salt is not None and (not salt or not is_valid_unicode(salt)):
-        raise InvalidRequestError("cache_salt must be a non-empty string of valid Unicode if given", "cache_salt")
+    with refused_as("cache_salt"):
+        InputProcessor.check_cache_salt(req.cache_salt)
 
 
 # --- checks and the mapping to SamplingParams ---------------------------------------------------
@@ -298,13 +300,23 @@ def to_sampling_params(req: _SamplingFields, prompt_len: int, max_model_len: int
 
 
 def check_prompt_length(prompt_len: int, max_model_len: int, param: str) -> None:
-    if prompt_len >= max_model_len:
-        raise InvalidRequestError(
-            f"the prompt has {prompt_len} tokens but this model's maximum context length is "
-            f"{max_model_len} tokens (at most {max_model_len - 1} prompt tokens leave room for one "
-            f"generated token)",
-            param,
-        )
+    """The engine's length rule (:func:`minivllm.engine.input_processor.check_prompt_length`),
+    applied to a list of ids before anything is built for it, as a 400 naming ``param``."""
+    with refused_as(param):
+        engine_prompt_length_rule(prompt_len, max_model_len)
+
+
+@contextmanager
+def refused_as(param: str | None) -> Iterator[None]:
+    """The engine's own refusal of an input (``ValueError`` / ``TypeError`` from
+    :class:`~minivllm.engine.input_processor.InputProcessor`, the owner of every request rule)
+    as a 400 that names ``param``."""
+    try:
+        yield
+    except InvalidRequestError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise InvalidRequestError(str(error), param) from None
 
 
 def render_chat(tokenizer, req: ChatCompletionRequest, char_limit: int | None = None) -> list[int]:
