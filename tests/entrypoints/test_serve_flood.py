@@ -9,7 +9,9 @@ after the core died. Each test here is a small, bounded version of what
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -30,6 +32,7 @@ from minivllm.entrypoints import AsyncLLM  # noqa: E402
 from minivllm.entrypoints.front_door import (  # noqa: E402
     ConnectionGuard,
     DoorOptions,
+    GuardedListener,
     connection_budget,
     raise_open_file_limit,
 )
@@ -121,6 +124,51 @@ def test_a_failing_accept_is_counted_and_logged_once_not_per_attempt():
     lines = [r for r in records if "accept() failed" in r.getMessage()]
     assert len(lines) == 1 and lines[0].exc_info is None
     assert len(loop_calls) == 1  # anything else still goes to asyncio's handler
+
+
+def test_an_accept_out_of_descriptors_sheds_an_idle_connection_and_ends_the_turn():
+    """asyncio retries a failing accept up to ``backlog`` times per turn, reporting each; the
+    listener stops that: one failure per turn, counted, and an idle connection shed."""
+    import h11
+
+    class Idle:  # what the guard looks at of a protocol
+        def __init__(self):
+            self.cycle, self.closed = None, False
+            self.conn = type("Conn", (), {"their_state": h11.IDLE})()
+            self.transport = self
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+    class Full(GuardedListener):
+        def _accept(self):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    guard = ConnectionGuard(fd_limit=1024)
+    idle = Idle()
+    guard.waiting(idle, served=True)
+    sock = Full(socket.AF_INET, socket.SOCK_STREAM)
+    sock.guard = guard
+
+    async def turns():
+        with pytest.raises(BlockingIOError):  # shed one, try again next turn
+            sock.accept()
+        assert idle.closed and guard.shed["idle"] == 1
+        with pytest.raises(BlockingIOError):  # the rest of this turn ends at once, uncounted
+            sock.accept()
+        await asyncio.sleep(0)
+        with pytest.raises(OSError) as raised:  # nothing left to shed: asyncio pauses accepting
+            sock.accept()
+        assert raised.value.errno == errno.EMFILE and raised.value._minivllm_counted
+
+    try:
+        asyncio.run(turns())
+    finally:
+        sock.close()
+    assert guard.accept_errors == 2
 
 
 def test_past_the_cap_the_oldest_half_open_connections_are_shed_and_good_requests_served():
