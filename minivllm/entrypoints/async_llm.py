@@ -25,6 +25,10 @@ tokens. ``AsyncLLM`` is the front end that joins the two, as vLLM's ``AsyncLLM``
   ``step()`` itself raise, every request the core holds fails with the error and the core
   carries on serving newcomers. Should the core die (its process killed), every caller fails
   with :class:`EngineDeadError` and :attr:`is_running` turns false (``/health`` answers 503).
+* A core that stops answering (its process stopped, a step that never ends) is not dead to
+  the socket; :meth:`AsyncLLM.health` calls it stalled once it has sent nothing for
+  ``stall_timeout`` seconds while requests are pending (a core with work sends a message every
+  step), and healthy again at its next message.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from minivllm.request import RequestStatus
 from minivllm.sampling_params import SamplingParams
 
 STATS_WINDOW = 10_000  # steps (and finished requests) the engine keeps in detail when serving
+DEFAULT_STALL_TIMEOUT = 5.0  # seconds of silence from a core with pending work before /health says so
 DELTA = RequestOutputKind.DELTA
 
 
@@ -150,13 +155,21 @@ class AsyncLLM:
     ``max_waiting`` caps how many sequences may wait for a seat (those in flight minus those
     running at the core's last step); beyond it ``add_request`` raises :class:`QueueFullError`
     so that a server can shed load instead of queueing without bound.
+
+    ``stall_timeout``: seconds the core may stay silent while requests are pending before
+    :meth:`health` reports it stalled (see the module's doc).
     """
 
-    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, metrics: ServerMetrics | None = None):
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, metrics: ServerMetrics | None = None,
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT):
         if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 1):
             raise ValueError(f"max_waiting must be an integer >= 1 (or None for no limit), got {max_waiting!r}")
+        if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be a number of seconds > 0, got {stall_timeout!r}")
         self.engine = engine
         self.max_waiting = max_waiting
+        self.stall_timeout = float(stall_timeout)
+        self._last_heard = time.monotonic()  # the core's last message, or when work began pending
         self.metrics = metrics or ServerMetrics()
         # Tokenizing (a worker thread of the server) and detokenizing (the event loop) each
         # have a tokenizer of their own: a Hugging Face tokenizer must not serve two threads.
@@ -180,13 +193,33 @@ class AsyncLLM:
         self._accepting = True
 
     @classmethod
-    def from_engine_args(cls, model: str | None = None, max_waiting: int | None = None, **engine_args) -> AsyncLLM:
-        return cls(LLMEngine(model, **engine_args), max_waiting=max_waiting)
+    def from_engine_args(cls, model: str | None = None, max_waiting: int | None = None,
+                         stall_timeout: float = DEFAULT_STALL_TIMEOUT, **engine_args) -> AsyncLLM:
+        return cls(LLMEngine(model, **engine_args), max_waiting=max_waiting, stall_timeout=stall_timeout)
 
     # --- lifecycle (event loop thread) -----------------------------------------------------
     @property
     def is_running(self) -> bool:
         return self._connection is not None and self._connection.alive and self._dead is None
+
+    def health(self) -> str | None:
+        """``None`` while the core runs and answers; else why not (``/health`` answers 503 with
+        it): the core has stopped, or it has sent nothing for more than ``stall_timeout``
+        seconds while requests are pending. Also refreshes the liveness gauges."""
+        m = self.metrics
+        silent = time.monotonic() - self._last_heard if self._in_flight else 0.0
+        if not self.is_running:
+            reason = f"the engine core is not running: {self._dead}" if self._dead else "the engine core is not running"
+        elif silent > self.stall_timeout:
+            reason = (f"the engine core has not answered for {silent:.1f} s with {self._sequences} sequences "
+                      f"pending (stall threshold {self.stall_timeout:g} s)")
+        else:
+            reason = None
+        with m.lock:
+            m.core_up.set(reason is None)
+            m.core_silent.set(silent)
+            m.in_flight.set(self._sequences)
+        return reason
 
     async def start(self) -> None:
         """Connect to the engine core (its loop thread starts, or its process's socket joins
@@ -260,6 +293,8 @@ class AsyncLLM:
                 f"seat and max_waiting={self.max_waiting}; retry later"
             )
         message = self.output_processor.admit(request_id, inputs)
+        if not self._in_flight:  # the core had nothing to do: its silence counts from now
+            self._last_heard = time.monotonic()
         try:
             self._connection.send(message)
         except BaseException:
@@ -326,6 +361,7 @@ class AsyncLLM:
 
     # --- messages from the core (event loop thread) ------------------------------------------
     def _on_message(self, message: EngineCoreOutputs) -> None:
+        self._last_heard = time.monotonic()
         try:
             self._handle(message)
         except Exception as error:  # a bug here: never leave callers hanging
@@ -415,6 +451,10 @@ class AsyncLLM:
         self._in_flight.clear()
         self._sequences = 0
         self.output_processor.clear()
+        with self.metrics.lock:  # nothing runs or waits any more: no frozen gauges
+            for gauge in (self.metrics.running, self.metrics.waiting, self.metrics.kv_usage,
+                          self.metrics.in_flight, self.metrics.core_up, self.metrics.core_silent):
+                gauge.set(0)
         for stream in streams:
             stream._fail(error if isinstance(error, EngineDeadError) else EngineDeadError(str(error)))
 

@@ -16,6 +16,7 @@ import typing
 
 from minivllm.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, KV_CACHES, SCHEDULERS, EngineArgs
 from minivllm.core.scheduler import SCHEDULING_POLICIES
+from minivllm.entrypoints.async_llm import DEFAULT_STALL_TIMEOUT
 from minivllm.entrypoints.front_door import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT
 
 DEFAULT_PORT = 8000
@@ -103,5 +104,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-read-timeout", type=float, default=DEFAULT_READ_TIMEOUT,
                         help="seconds a client may take to send a request's headers, and again its body "
                              f"(then 408 or a closed connection; default: {DEFAULT_READ_TIMEOUT:g})")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="open HTTP connections at most; past it the oldest idle or incomplete one is "
+                             "closed (default: 4096, or less where the open-file limit is lower)")
+    parser.add_argument("--core-stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
+                        help="/health answers 503 once the engine core has sent nothing for this many "
+                             f"seconds while requests are pending (default: {DEFAULT_STALL_TIMEOUT:g})")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_arguments(parser)

@@ -2,7 +2,9 @@
 
 uvicorn serves the FastAPI app; :class:`GracefulServer` adds the shutdown a model server needs
 (drain, then abort, then exit 0; a second signal aborts at once and exits non-zero), the front
-door's header deadline (``minivllm/entrypoints/front_door.py``), and :func:`start_in_thread`
+door's header deadline and connection guard (``minivllm/entrypoints/front_door.py``: a cap on
+open connections that sheds the oldest idle ones, a counted and rate-limited report of a failed
+``accept``; ``minivllm serve`` also raises the open-file limit first), and :func:`start_in_thread`
 runs the same server from a background thread on a free port for tests, benchmarks and
 notebooks.
 """
@@ -21,7 +23,13 @@ from dataclasses import dataclass
 import uvicorn
 
 from minivllm.entrypoints.async_llm import AsyncLLM
-from minivllm.entrypoints.front_door import DoorOptions, protocol_with_header_timeout
+from minivllm.entrypoints.front_door import (
+    ConnectionGuard,
+    DoorOptions,
+    listening_socket,
+    protocol_with_header_timeout,
+    raise_open_file_limit,
+)
 from minivllm.entrypoints.openai_server import build_app
 
 DEFAULT_MODEL_NAME = "minivllm-tiny"
@@ -42,9 +50,9 @@ class GracefulServer(uvicorn.Server):
     convention for a process ended by a signal, so a supervisor can tell a forced stop from a
     clean one. (uvicorn's own second Ctrl-C drops open connections mid-stream.)"""
 
-    def __init__(self, config: uvicorn.Config, llm: AsyncLLM, grace: float):
+    def __init__(self, config: uvicorn.Config, llm: AsyncLLM, grace: float, guard: ConnectionGuard | None = None):
         super().__init__(config)
-        self.llm, self.grace = llm, grace
+        self.llm, self.grace, self.guard = llm, grace, guard
         self.forced_by: int | None = None  # the signal that cut the drain short
         self._loop: asyncio.AbstractEventLoop | None = None
         self._hurry: asyncio.Event | None = None
@@ -55,6 +63,8 @@ class GracefulServer(uvicorn.Server):
 
     async def serve(self, sockets=None) -> None:
         self._loop, self._hurry = asyncio.get_running_loop(), asyncio.Event()
+        if self.guard is not None:
+            self._loop.set_exception_handler(self.guard.exception_handler)
         await super().serve(sockets)
 
     @contextlib.contextmanager
@@ -93,11 +103,12 @@ class GracefulServer(uvicorn.Server):
         await self.llm.abort_all()
 
 
-def uvicorn_config(app, door: DoorOptions, grace: float, **kwargs) -> uvicorn.Config:
-    """uvicorn's settings for this server: the front door's header deadline, and a backstop
-    for the graceful shutdown behind the aborts."""
+def uvicorn_config(app, door: DoorOptions, grace: float, guard: ConnectionGuard | None = None,
+                   **kwargs) -> uvicorn.Config:
+    """uvicorn's settings for this server: the front door's header deadline and connection
+    guard, and a backstop for the graceful shutdown behind the aborts."""
     return uvicorn.Config(
-        app, lifespan="on", http=protocol_with_header_timeout(door.read_timeout),
+        app, lifespan="on", http=protocol_with_header_timeout(door.read_timeout, guard),
         timeout_graceful_shutdown=grace + 5.0, **kwargs,
     )
 
@@ -106,24 +117,30 @@ def door_options_from(args) -> DoorOptions:
     return DoorOptions(
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_request_bytes=args.max_request_bytes, read_timeout=args.request_read_timeout,
+        max_connections=args.max_connections,
     )
 
 
-def make_server(args) -> GracefulServer:
-    """Load the model and build the server from parsed ``minivllm serve`` arguments."""
+def make_server(args) -> tuple[GracefulServer, socket.socket]:
+    """Load the model and build the server from parsed ``minivllm serve`` arguments: the
+    server and its bound listening socket. Raises the open-file limit first."""
     from minivllm.entrypoints.cli_args import engine_args_from
 
+    raise_open_file_limit()
     door = door_options_from(args)
-    llm = AsyncLLM.from_engine_args(args.model, max_waiting=args.max_waiting, **engine_args_from(args))
+    llm = AsyncLLM.from_engine_args(args.model, max_waiting=args.max_waiting,
+                                    stall_timeout=args.core_stall_timeout, **engine_args_from(args))
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
-    config = uvicorn_config(build_app(llm, name, door), door, args.shutdown_timeout,
-                            host=args.host, port=args.port, log_level=args.log_level)
-    return GracefulServer(config, llm, grace=args.shutdown_timeout)
+    guard = ConnectionGuard(door.max_connections, llm.metrics)
+    sock = listening_socket(args.host, args.port, guard)
+    config = uvicorn_config(build_app(llm, name, door), door, args.shutdown_timeout, guard,
+                            log_level=args.log_level)
+    return GracefulServer(config, llm, grace=args.shutdown_timeout, guard=guard), sock
 
 
 def run_server(args) -> int:
-    server = make_server(args)
-    server.run()
+    server, sock = make_server(args)
+    server.run(sockets=[sock])
     return server.exit_status
 
 
@@ -162,11 +179,10 @@ def start_in_thread(
 ) -> BackgroundServer:
     """Serve ``llm`` from a background thread; ``port=0`` picks a free port."""
     door = door or DoorOptions()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    config = uvicorn_config(build_app(llm, model_name, door), door, grace, log_level=log_level)
-    server = GracefulServer(config, llm, grace)
+    guard = ConnectionGuard(door.max_connections, llm.metrics)
+    sock = listening_socket(host, port, guard)
+    config = uvicorn_config(build_app(llm, model_name, door), door, grace, guard, log_level=log_level)
+    server = GracefulServer(config, llm, grace, guard)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="minivllm-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout

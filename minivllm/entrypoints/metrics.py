@@ -178,8 +178,25 @@ class ServerMetrics:
         self.batch_size = Histogram(
             "iteration_batch_size", "Sequences in one engine step's forward pass.", BATCH_BUCKETS
         )
+        # the engine core's liveness, as the server sees it (AsyncLLM.health)
+        self.in_flight = Gauge("num_requests_in_flight",
+                               "Sequences sent to the engine core and not ended (the server's count).")
+        self.core_up = Gauge("engine_core_up", "1 while the engine core runs and answers, else 0.", 1.0)
+        self.core_silent = Gauge("engine_core_silent_seconds",
+                                 "Seconds since the engine core last answered, while work is pending (else 0).")
+        # the HTTP front door (front_door.ConnectionGuard)
+        self.http_connections = Gauge("http_connections_open", "HTTP connections open (accepted, not closed).")
+        self.connections_shed = Counter(
+            "http_connections_shed",
+            "HTTP connections closed to make room, by reason: incomplete (no request head yet), "
+            "idle (keep-alive), refused (every slot busy: a bare 503).", "reason",
+        )
+        for reason in ("incomplete", "idle", "refused"):
+            self.connections_shed.inc(0, reason)
+        self.accept_errors = Counter("http_accept_errors", "accept() calls that failed (no descriptor or memory).")
         self._all = [
-            self.running, self.waiting, self.kv_usage, self.prefix_hit_rate, self.preemptions,
+            self.running, self.waiting, self.kv_usage, self.prefix_hit_rate, self.in_flight, self.core_up,
+            self.core_silent, self.http_connections, self.connections_shed, self.accept_errors, self.preemptions,
             self.prompt_tokens, self.generation_tokens, self.finished, self.failed, self.rejected,
             self.steps, self.spec_drafts, self.spec_accepted, self.ttft, self.itl, self.e2e, self.batch_size,
         ]

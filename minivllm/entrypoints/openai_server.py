@@ -3,7 +3,9 @@
     POST /v1/completions        text in, text out (one prompt or a batch; n choices each)
     POST /v1/chat/completions   messages -> the tokenizer's chat template -> text out
     GET  /v1/models             the served model
-    GET  /health                200 while the engine core runs, 503 once it has stopped
+    GET  /health                200 while the engine core runs and answers; 503 with the reason
+                                once it has stopped, or when it has been silent for longer than
+                                ``--core-stall-timeout`` while requests are pending
     GET  /metrics               Prometheus text (see minivllm/entrypoints/metrics.py)
 
 Each HTTP request becomes one engine request per prompt. With ``"stream": true`` the reply is
@@ -148,18 +150,26 @@ class OpenAIServer:
         return final
 
     async def collect(self, http: Request, streams: list[RequestStream]) -> list[RequestOutput]:
-        """Wait for every stream's final output, or abort them all if the client leaves."""
-        work = asyncio.ensure_future(asyncio.gather(*(self._final(s) for s in streams)))
+        """Wait for every stream's final output, or abort them all if the client leaves. One
+        task per stream (not a ``gather``, whose cancelled future would hold an exception that
+        nobody reads, logged with a traceback when it is collected); whatever happens, every
+        task is cancelled and awaited, so a hang-up costs one 499 and no log at all."""
+        tasks = [asyncio.ensure_future(self._final(s)) for s in streams]
         watch = asyncio.ensure_future(_wait_for_disconnect(http))
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if work.done():
-                return work.result()
-            raise _ClientGone()
+            pending = set(tasks)
+            while pending:
+                done, _ = await asyncio.wait(pending | {watch}, return_when=asyncio.FIRST_COMPLETED)
+                for task in done & pending:
+                    pending.discard(task)
+                    task.result()  # a request the engine failed raises here
+                if watch in done and pending:
+                    raise _ClientGone()
+            return [task.result() for task in tasks]
         finally:
-            watch.cancel()
-            if not work.done():
-                work.cancel()
+            for task in (watch, *tasks):
+                task.cancel()
+            await asyncio.gather(watch, *tasks, return_exceptions=True)
             for s in streams:
                 await s.aclose()
 
@@ -376,12 +386,14 @@ def build_app(llm: AsyncLLM, model_name: str, door: DoorOptions | None = None) -
 
     @app.get("/health")
     async def health() -> Response:
-        if llm.is_running:
+        reason = llm.health()
+        if reason is None:
             return Response(status_code=200)
-        return error_response(503, "the engine core is not running", "server_error")
+        return error_response(503, reason, "server_error", None, "engine_unavailable")
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
+        llm.health()  # the liveness gauges as of now
         return PlainTextResponse(llm.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

@@ -441,7 +441,10 @@ def test_metrics_are_valid_prometheus_text(mode_server):
         "minivllm_engine_steps": "counter", "minivllm_spec_decode_num_draft_tokens": "counter",
         "minivllm_spec_decode_num_accepted_tokens": "counter", "minivllm_time_to_first_token_seconds": "histogram",
         "minivllm_inter_token_latency_seconds": "histogram", "minivllm_e2e_request_latency_seconds": "histogram",
-        "minivllm_iteration_batch_size": "histogram",
+        "minivllm_iteration_batch_size": "histogram", "minivllm_num_requests_in_flight": "gauge",
+        "minivllm_engine_core_up": "gauge", "minivllm_engine_core_silent_seconds": "gauge",
+        "minivllm_http_connections_open": "gauge", "minivllm_http_connections_shed": "counter",
+        "minivllm_http_accept_errors": "counter",
     }
     samples = read_metrics(mode_server.url)
     assert samples["minivllm_engine_steps_total"] >= 4 and samples["minivllm_generation_tokens_total"] >= 4
