@@ -563,6 +563,14 @@ MUTANTS = [
     # ex04: check_invariants raises without saying which block
     ("ex04_block_allocator", "                    f\"block {block_id}: ref count {count}, {references[block_id]} block-table \"\n",
      "                    \"the books disagree: ref count \"\n"),
+    # ex07: the blocks of a failed step counted as considered (C1 says a failed step considers nothing)
+    ("ex07_prefix_cache", "        self.planned = []\n",
+     "        for request in self.planned:\n"
+     "            table = self.tables.get(request.request_id)\n"
+     "            if table:\n"
+     "                full = min(request.num_computed_tokens // self.block_size, len(table))\n"
+     "                self.num_committed[request.request_id] = max(self.num_committed.get(request.request_id, 0), full)\n"
+     "        self.planned = []\n"),
     # ex07: a block hashed on its own tokens, not chained to its parent
     ("ex07_prefix_cache", "return digest((parent_hash, tuple(token_ids), extra_keys))", "return digest((tuple(token_ids), extra_keys))"),
     # ex07: the extra keys (cache_salt) ignored
