@@ -1062,3 +1062,19 @@ def test_the_ex03_scheduler_runs_over_another_kv_cache_manager():
     got = [o.outputs[0].token_ids for o in mine.generate(prompts, params, use_tqdm=False)]
     assert got == [o.outputs[0].token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
     assert sum(s.num_preemptions for s in mine.stats().steps) > 0  # the small pool made it preempt
+
+
+def test_exercise_08_and_its_notebook_name_the_engine_core_only_after_the_check():
+    """minivllm's ``EngineCore`` (``minivllm/core/engine_core.py``) is exercise 08's answer: the
+    stub imports its parts from ``minivllm.course.engine_core_base``, and notebook 08 names the
+    file (in a cell or a stored output) only after its check cell."""
+    import json
+
+    names = ("minivllm/core/engine_core.py", "minivllm.core.engine_core")
+    stub = exgen.make_exercise((ROOT / "solutions" / "ex08_engine_step.py").read_text(), "ex08_engine_step")
+    assert not [n for n in names if n in stub]
+    cells = json.loads((ROOT / "notebooks" / "08_serving_loop.ipynb").read_text())["cells"]
+    check = next(i for i, c in enumerate(cells) if "course.check(ex)" in "".join(c["source"]))
+    early = [i for i, c in enumerate(cells[:check])
+             if any(n in "".join(c["source"]) + json.dumps(c.get("outputs", [])) for n in names)]
+    assert not early, f"notebook 08 names minivllm's engine core before its check (cell {check}): cells {early}"
