@@ -16,21 +16,41 @@ reports the step it returns to the step listeners. ``LLM(engine_core=ex.StepLoop
 model with it. The step is yours: it must leave the engine as the guarantees below say,
 whatever happens inside it; the order of its calls follows from them.
 
-What the parts offer (how to combine them is yours):
+What the parts offer -- everything the step needs, with its signature (how to combine them is
+yours; their docstrings say more):
 
-- ``self.scheduler.schedule()`` plans a step and returns the plan (``plan``, a
-  ``SchedulerOutput``); ``self.scheduler.update_from_output(StepTokens(tokens))`` appends tokens
-  to their requests, applies the stop rules, frees the blocks of the requests that end, and
-  returns those requests; ``self.scheduler.fork_request(leader, sibling)`` starts a waiting
-  sibling beside its leader, on the leader's blocks (if a seat is free; else it waits for one).
-- ``self.kv.commit_written_blocks()`` lets the blocks the step filled join the prefix cache;
-  ``self.kv.discard_unwritten_blocks()`` says that they never will.
-- ``self.executor.execute(plan)`` runs the model and may raise; its result has ``sampled``
-  (request id -> token), ``failed`` (request id -> message: rows that could not be sampled),
-  ``logprobs`` and ``prompt_logprobs``.
-- ``self.begin_step(plan)``, ``self.pending_siblings``, ``self.finish_requests(ids, status)``,
-  ``self.record_finish(req, now)``, ``self.stats.record_step(...)`` and ``self.clock()``, as
-  their docstrings say.
+- ``self.scheduler.schedule() -> SchedulerOutput``: the step's plan, ``plan``. Of it, a step
+  reads ``plan.requests`` (the requests it runs, in order), ``plan.num_computed`` (parallel to
+  it: each one's tokens already computed when the step was planned, prefix-cache hits
+  included), ``plan.sampling_requests`` (those that sample a token in this step) and
+  ``plan.preempted``; it sets ``plan.forks``, a ``dict`` from leader id to that leader's waiting
+  siblings (a ``list[Request]``; S1 says which leaders).
+- ``self.scheduler.update_from_output(StepTokens(tokens)) -> list[Request]`` (``tokens``:
+  request id -> token): appends the tokens, applies the stop rules, frees the blocks of the
+  requests that end, and returns those. ``self.scheduler.fork_request(leader, sibling)``: starts
+  a waiting sibling beside its leader, on the leader's blocks, ``RUNNING`` if a seat is free,
+  else ``WAITING``. ``self.scheduler.requests`` (id -> request, the live ones),
+  ``has_unfinished_requests()``, ``num_waiting``.
+- ``self.kv.commit_written_blocks()``: the blocks the step filled join the prefix cache;
+  ``self.kv.discard_unwritten_blocks()``: they never will. ``self.kv.num_free_blocks``,
+  ``num_blocks``.
+- ``self.executor.execute(plan) -> ModelRunnerOutput``, which may raise; the result has
+  ``sampled`` (request id -> token, siblings in ``plan.forks`` included), ``failed`` (request id
+  -> message: rows that could not be sampled), ``logprobs`` and ``prompt_logprobs``.
+- ``self.begin_step(plan)``: what every plan tells the executor before it runs.
+  ``self.pending_siblings``: leader id -> its siblings still waiting to start (``fork_request``
+  does not remove them: that is the step's). ``self.finish_requests(ids, status) ->
+  list[Request]``: ends requests from outside (and the siblings waiting on them), frees their
+  blocks, records them finished; returns them. ``self.record_finish(req, now)``: records one
+  request the step ended itself. ``self.clock() -> float``.
+- ``self.stats.record_step(self.scheduler, plan, start, duration, *, prefix_cache_queries=0,
+  prefix_cache_hits=0, num_forked_tokens=0)``: the step's ``StepStats``, read off the scheduler
+  and its KV cache manager as they are when it is called (C2).
+- ``StepOutput(plan, start_time, end_time, sampled={}, finished=[], failed={}, logprobs={},
+  prompt_logprobs={})``, a dataclass: what ``run_step`` returns (C1).
+  ``EngineStalledError(message)`` (S4). ``RequestStatus.FINISHED_ERROR``. A request's
+  ``request_id``, ``num_tokens``, ``num_computed_tokens``, ``status``, ``is_finished``,
+  ``num_cached_tokens``, ``first_scheduled_time`` and ``first_token_time``.
 
 What a step guarantees. ``start`` is the clock before the step is planned; ``end`` the clock
 once the step's last token is appended or, for a failed step, once its requests have ended.
@@ -108,9 +128,13 @@ from __future__ import annotations
 
 import logging
 
-from minivllm.core.engine_core import EngineStalledError, StepOutput, TokenChooser
 from minivllm.core.interfaces import StepTokens
-from minivllm.course.engine_core_base import EngineCoreBase
+from minivllm.course.engine_core_base import (
+    EngineCoreBase,
+    EngineStalledError,
+    StepOutput,
+    TokenChooser,
+)
 from minivllm.request import RequestStatus
 
 NOTEBOOK = "notebooks/08_serving_loop.ipynb"

@@ -7,8 +7,10 @@ modules, compiled as one translation unit by ``bindings.cpp``, which names them 
 module the first time a process asks (a C++ compiler with OpenMP and ``ninja`` are needed; both
 are on Linux and Colab), about a minute once per machine on two cores, and caches the result
 (:func:`build_directory`, under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): later processes load it in
-well under a second, offline. :func:`kernel_status` says whether it builds here; without it the
-engine runs the same computation in PyTorch.
+well under a second, offline. A build says so on stderr as it starts (what it is, and about
+how long it takes) and when it is done, so that a first ``minivllm generate`` is not a silent
+minute. :func:`kernel_status` says whether it builds here; without it the engine runs the same
+computation in PyTorch.
 
 This module imports nothing from ``minivllm``, so the attention package and the model can both
 use it.
@@ -21,6 +23,7 @@ import functools
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
@@ -63,15 +66,36 @@ def _one_builder(directory: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def needs_build(directory: Path | None = None) -> bool:
+    """Whether loading the kernels compiles them first: no module built in ``directory`` yet,
+    or a source in ``minivllm/csrc`` newer than it."""
+    directory = build_directory() if directory is None else directory
+    built = [p for p in directory.glob(f"{EXTENSION_NAME}.*") if p.suffix in (".so", ".pyd")]
+    if not built:
+        return True
+    sources = [p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")]
+    return max(p.stat().st_mtime for p in sources) > min(p.stat().st_mtime for p in built)
+
+
 @functools.lru_cache(maxsize=1)
 def _build():
     from torch.utils.cpp_extension import load  # imports setuptools machinery: only when needed
 
     directory = build_directory()
     with _one_builder(directory):  # ninja rebuilds what an edited header touches
-        return load(EXTENSION_NAME, [str(p) for p in SOURCES], extra_cflags=COMPILE_FLAGS,
-                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)], build_directory=str(directory),
-                    verbose=os.environ.get("MINIVLLM_VERBOSE_BUILD") == "1")
+        building = needs_build(directory)
+        if building:  # the first use on this machine: a minute of silence otherwise
+            print(f"minivllm: compiling its C++ CPU kernels (minivllm/csrc) into {directory}; this takes "
+                  "about a minute on two cores, once per machine (later runs load them in under a second)",
+                  file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        module = load(EXTENSION_NAME, [str(p) for p in SOURCES], extra_cflags=COMPILE_FLAGS,
+                      extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)], build_directory=str(directory),
+                      verbose=os.environ.get("MINIVLLM_VERBOSE_BUILD") == "1")
+        if building:
+            print(f"minivllm: the C++ CPU kernels are built ({time.perf_counter() - start:.0f} s)",
+                  file=sys.stderr, flush=True)
+        return module
 
 
 def load_kernels():

@@ -35,8 +35,10 @@ from minivllm.course.grading import (
     CheckFailed,
     Mismatch,
     Report,
+    pressed_ctrl_c,
     require,
     run_cases,
+    watching_interrupts,
 )
 from minivllm.course.hints import hint
 from minivllm.course.loader import (
@@ -83,17 +85,17 @@ _guard_cells_of_a_partial_copy()
 
 def grade(names: list[str] | None = None, solutions: bool | None = None) -> list[Report]:
     """Grade several exercises (default: all, then the capstone) without raising; one
-    :class:`Report` each. An exercise file that does not even import is reported as one failing
-    case. ``"capstone"`` names the engine assembled from exercises 02-08 (its own line)."""
+    :class:`Report` each. An exercise file that does not even import (or ends the process as
+    it does) is reported as one failing case. ``"capstone"`` names the engine assembled from
+    exercises 02-08 (its own line)."""
     asked = [str(n) for n in names] if names else None
     capstone = asked is None or any(n.lower() == "capstone" for n in asked)
     exercises = exercise_names() if asked is None else [resolve_name(n) for n in asked if n.lower() != "capstone"]
     reports = []
     for name in exercises:
-        try:
-            module = load(name, solutions=solutions)
-        except Exception as err:  # noqa: BLE001 - a syntax error in the student's file, say
-            def broken(_module, err=err):
+        module = _load_for_grading(name, solutions)
+        if isinstance(module, BaseException):
+            def broken(_module, err=module):
                 raise AssertionError(f"the file does not import: {type(err).__name__}: {err}")
 
             case = Case("import", "<module>", broken, "fix the error, then grade again")
@@ -107,6 +109,18 @@ def grade(names: list[str] | None = None, solutions: bool | None = None) -> list
         if asked is not None or set(PREREQUISITES) <= set(exercise_names()):  # a course with every part
             reports.append(capstone_report(solutions))
     return reports
+
+
+def _load_for_grading(name: str, solutions: bool | None):
+    """``load(name)``, or what its file raised as it ran (a syntax error, say, or a ``SystemExit``
+    at its top level); a Ctrl-C the user pressed goes on up."""
+    with watching_interrupts():
+        try:
+            return load(name, solutions=solutions)
+        except BaseException as err:
+            if pressed_ctrl_c(err):
+                raise
+            return err
 
 
 def show_code(obj) -> None:

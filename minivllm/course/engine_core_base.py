@@ -22,10 +22,14 @@ What the base class gives is infrastructure, none of the step's decisions:
 * reporting: ``step()`` runs the subclass's ``run_step()`` and hands the ``StepOutput`` it returns
   to the step listeners (with ``debug_checks=True``, the KV cache manager's invariants are
   checked after it).
+
+Here too is what a step hands back and may raise -- ``StepOutput``, ``EngineStalledError``, and
+``TokenChooser`` (the type of beam search's ``choose_tokens``) -- so that exercise 08 imports its
+parts from this module alone.
 """
 
 from __future__ import annotations
 
-from minivllm.core.engine_core import EngineCoreBase
+from minivllm.core.engine_core import EngineCoreBase, EngineStalledError, StepOutput, TokenChooser
 
-__all__ = ["EngineCoreBase"]
+__all__ = ["EngineCoreBase", "EngineStalledError", "StepOutput", "TokenChooser"]

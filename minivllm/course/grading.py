@@ -10,14 +10,22 @@ independently of the reference solution. Each exercise has a list of cases in
 - ``fail``: it did not; the scoreboard shows expected vs got and a hint;
 - ``todo``: the function still raises ``NotImplementedError`` (the untouched stub);
 - ``error``: it raised something else; the scoreboard shows the exception.
+
+The grader holds against the process it grades: a ``SystemExit``, ``KeyboardInterrupt`` or
+``GeneratorExit`` that the student's code raises is that case's ``error`` too, and grading goes
+on. Only a Ctrl-C that the user pressed stops it (:func:`watching_interrupts` tells the two
+apart).
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import textwrap
+import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -203,7 +211,9 @@ def _short(value: Any, limit: int = 160) -> str:
 
 # --- running cases -------------------------------------------------------------------------
 def run_case(case_: Case, module: ModuleType) -> CaseResult:
-    """Run one case and classify what happened. Never raises (except KeyboardInterrupt).
+    """Run one case and classify what happened. Never raises, except on a Ctrl-C the user
+    pressed: whatever the code under test raises, ``SystemExit`` and ``KeyboardInterrupt``
+    included, is the case's verdict.
 
     A module whose source reaches minivllm's own implementation of the part its exercise writes
     (:mod:`minivllm.course.handed_on`) fails every case before any of its code runs."""
@@ -212,7 +222,8 @@ def run_case(case_: Case, module: ModuleType) -> CaseResult:
     hand_offs = hand_offs_of(module)
     if hand_offs:
         return CaseResult(case_, FAIL, hand_offs[0].message(part_name(module.__exercise__)))
-    return _run_case(case_, module)
+    with watching_interrupts():
+        return _run_case(case_, module)
 
 
 def _run_case(case_: Case, module: ModuleType) -> CaseResult:
@@ -227,7 +238,60 @@ def _run_case(case_: Case, module: ModuleType) -> CaseResult:
     except Exception as err:  # noqa: BLE001 - the student's code may raise anything
         where = _student_frame(err)
         return CaseResult(case_, ERROR, f"{type(err).__name__}: {err}{where}")
+    except BaseException as err:  # SystemExit, KeyboardInterrupt, GeneratorExit from the code under test
+        if pressed_ctrl_c(err):
+            raise
+        return CaseResult(case_, ERROR, process_exit_message(err))
     return CaseResult(case_, PASS)
+
+
+def process_exit_message(err: BaseException) -> str:
+    """What the scoreboard says of a ``BaseException`` that is not an ``Exception``, raised by
+    the code under test: its name and value, where it was raised, and why it is an error."""
+    return (f"{type(err).__name__}({', '.join(map(repr, err.args))}) raised{_student_frame(err)}: graded code "
+            "must return, or raise an Exception; a SystemExit, KeyboardInterrupt or GeneratorExit of its own "
+            "would stop whatever runs it (a notebook, pytest, `minivllm grade`)")
+
+
+class _CtrlC:
+    """Whether the user pressed Ctrl-C while graded code ran (``depth``: watches open)."""
+
+    depth = 0
+    pressed = False
+
+
+@contextmanager
+def watching_interrupts() -> Iterator[None]:
+    """While graded code runs, note a Ctrl-C the user presses, so that :func:`pressed_ctrl_c` can
+    tell the ``KeyboardInterrupt`` it raises from one the code raised itself. The SIGINT handler
+    in place still runs (a notebook's kernel interrupts through it). Watches nest; only the main
+    thread receives signals, so elsewhere every ``KeyboardInterrupt`` is the code's own."""
+    handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if handler is None or handler is signal.SIG_IGN:
+        yield
+        return
+
+    def noted(signum, frame):
+        _CtrlC.pressed = True
+        if callable(handler):
+            return handler(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, noted)
+    _CtrlC.depth += 1
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        _CtrlC.depth -= 1
+        if _CtrlC.depth == 0:
+            _CtrlC.pressed = False
+
+
+def pressed_ctrl_c(err: BaseException) -> bool:
+    """``err`` is the user's Ctrl-C (seen by an open :func:`watching_interrupts`), which stops
+    the grader; any other ``BaseException`` came from the code under test."""
+    return isinstance(err, KeyboardInterrupt) and _CtrlC.pressed
 
 
 def _student_frame(err: BaseException) -> str:

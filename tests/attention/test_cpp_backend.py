@@ -146,3 +146,33 @@ def test_a_build_killed_midway_does_not_hang_the_next_process():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (directory / "lock").exists()
+
+
+def test_a_build_says_what_it_is_doing_once(tmp_path):
+    """The first use on a machine compiles the kernels for about a minute: it says so on stderr
+    (what, and about how long), and says nothing when they are only loaded. Here the compiled
+    object is kept and only the module is missing, so the "build" is a link, not a minute."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from minivllm import cpu_kernels
+
+    if cpu_kernels.kernel_status() is not None:
+        pytest.skip(cpu_kernels.kernel_status())
+    built = cpu_kernels.build_directory()
+    copy = tmp_path / built.name
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "minivllm.lock"))
+    for module in copy.glob(f"{cpu_kernels.EXTENSION_NAME}.so"):
+        module.unlink()
+    assert cpu_kernels.needs_build(copy)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    load = [sys.executable, "-c", "from minivllm.cpu_kernels import load_kernels; load_kernels(); load_kernels()"]
+    first = subprocess.run(load, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stderr.count("compiling its C++ CPU kernels") == 1, first.stderr
+    assert "about a minute" in first.stderr and "the C++ CPU kernels are built" in first.stderr
+    assert not cpu_kernels.needs_build(copy)
+    again = subprocess.run(load, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and "compiling" not in again.stderr, again.stderr

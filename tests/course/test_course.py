@@ -286,6 +286,8 @@ MUTANTS = [
     ("ex03_chunked_prefill", "victim.num_computed_tokens = 0", "pass"),
     # a victim sent to the back of the queue
     ("ex03_chunked_prefill", "self.waiting.appendleft(victim)", "self.waiting.append(victim)"),
+    # a step's victims put back newest first (two preemptions in one step: the newest at the head)
+    ("ex03_chunked_prefill", "self.waiting.appendleft(victim)", "self.waiting.insert(len(out.preempted) - 1, victim)"),
     # a preemption not counted on the request
     ("ex03_chunked_prefill", "victim.num_preemptions += 1", "pass"),
     # a victim not reported in the step's plan
@@ -561,6 +563,14 @@ MUTANTS = [
     # ex04: check_invariants raises without saying which block
     ("ex04_block_allocator", "                    f\"block {block_id}: ref count {count}, {references[block_id]} block-table \"\n",
      "                    \"the books disagree: ref count \"\n"),
+    # ex07: the blocks of a failed step counted as considered (C1 says a failed step considers nothing)
+    ("ex07_prefix_cache", "        self.planned = []\n",
+     "        for request in self.planned:\n"
+     "            table = self.tables.get(request.request_id)\n"
+     "            if table:\n"
+     "                full = min(request.num_computed_tokens // self.block_size, len(table))\n"
+     "                self.num_committed[request.request_id] = max(self.num_committed.get(request.request_id, 0), full)\n"
+     "        self.planned = []\n"),
     # ex07: a block hashed on its own tokens, not chained to its parent
     ("ex07_prefix_cache", "return digest((parent_hash, tuple(token_ids), extra_keys))", "return digest((tuple(token_ids), extra_keys))"),
     # ex07: the extra keys (cache_salt) ignored
@@ -870,6 +880,96 @@ def test_grade_survives_a_file_that_does_not_import(tmp_path, monkeypatch, capsy
     assert "the file does not import: SyntaxError" in capsys.readouterr().out
 
 
+_EX01_BODY = "    # BEGIN SOLUTION\n    if batch_size < 1:"
+
+
+def _course_with_ex01(tmp_path, first_line: str) -> Path:
+    """A copy of the course holding exercise 01 alone, the student's file being the reference
+    with ``first_line`` run first in ``account_static``, the function every case grades."""
+    for folder in ("solutions", "exercises"):
+        (tmp_path / folder).mkdir(parents=True)
+    sol = (ROOT / "solutions" / "ex01_static_waste.py").read_text()
+    assert _EX01_BODY in sol, "the solution changed: update _EX01_BODY"
+    (tmp_path / "solutions" / "ex01_static_waste.py").write_text(sol)
+    (tmp_path / "exercises" / "ex01_static_waste.py").write_text(
+        sol.replace(_EX01_BODY, f"    {first_line}\n{_EX01_BODY}", 1))
+    return tmp_path
+
+
+def _environment(root: Path) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MINIVLLM_SOLUTIONS"}
+    env["MINIVLLM_COURSE_ROOT"] = str(root)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_grade_exits_nonzero_when_the_student_code_raises_system_exit(tmp_path):
+    """``raise SystemExit(0)`` in a graded function ends neither the grader nor its scoreboard:
+    `minivllm grade`, run as a student runs it, prints every case as an error naming it and exits 1."""
+    import subprocess
+
+    root = _course_with_ex01(tmp_path, "raise SystemExit(0)")
+    done = subprocess.run([sys.executable, "-m", "minivllm.cli", "grade", "ex01"], env=_environment(root),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    n = len(course.cases_for("ex01_static_waste"))
+    assert done.stdout.count("! error account_static") == n, done.stdout
+    assert "SystemExit(0) raised (at exercises/ex01_static_waste.py:" in done.stdout
+    assert "0/1 exercises complete, 0/" in done.stdout
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt('mine')", "GeneratorExit()", "SystemExit(3)"])
+def test_a_case_whose_code_ends_the_process_is_an_error_and_grading_goes_on(tmp_path, monkeypatch, raised):
+    root = _course_with_ex01(tmp_path, f"raise {raised}")
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(root))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+    (report,) = course.grade(["ex01"])
+    assert report.results and all(r.status == "error" for r in report.results)
+    assert report.results[0].message.startswith(f"{raised.split('(')[0]}(")
+    with pytest.raises(AssertionError, match=r"\[error\] account_static"):
+        course.require(report.results[0].case, course.load("ex01"))
+
+
+def test_a_file_that_exits_as_it_imports_is_reported(tmp_path, monkeypatch, capsys):
+    root = _course_with_ex01(tmp_path, "pass")
+    path = root / "exercises" / "ex01_static_waste.py"
+    path.write_text(path.read_text() + "\nraise SystemExit(0)\n")
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(root))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+    assert cli_main(["grade", "ex01"]) == 1
+    assert "the file does not import: SystemExit: 0" in capsys.readouterr().out
+
+
+def test_a_ctrl_c_the_user_presses_still_stops_the_grader(tmp_path, monkeypatch):
+    """What tells the two apart: the SIGINT the grader watches for while the code runs."""
+    root = _course_with_ex01(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGINT)")
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(root))
+    monkeypatch.delenv("MINIVLLM_SOLUTIONS", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        course.grade(["ex01"])
+    root = _course_with_ex01(tmp_path / "again", "raise KeyboardInterrupt")
+    monkeypatch.setenv("MINIVLLM_COURSE_ROOT", str(root))
+    assert not course.grade(["ex01"])[0].passed  # the watch was reset: the code's own is an error again
+
+
+def test_pytest_fails_such_a_case_and_goes_on(tmp_path):
+    """Under pytest too (tests/exercises/conftest.py): a KeyboardInterrupt the student's code
+    raises fails its tests, and the session runs to the end instead of stopping."""
+    import subprocess
+
+    root = _course_with_ex01(tmp_path, "raise KeyboardInterrupt")
+    tests = ROOT / "tests" / "exercises"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", str(tests / "test_cases.py"), str(tests / "test_ex01_static_waste.py")],
+                          env=_environment(root), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    n = len(course.cases_for("ex01_static_waste")) + 2
+    assert done.returncode == 1, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
+    assert f"{n} failed" in done.stdout, done.stdout[-3000:]
+    assert "KeyboardInterrupt() raised (at exercises/ex01_static_waste.py:" in done.stdout
+
+
 def test_working_falls_back_to_the_reference_with_a_notice(capsys):
     stub = course.load("ex00_kv_memory", solutions=False)
     assert course.working(stub).__course_source__ == "solutions"
@@ -962,3 +1062,19 @@ def test_the_ex03_scheduler_runs_over_another_kv_cache_manager():
     got = [o.outputs[0].token_ids for o in mine.generate(prompts, params, use_tqdm=False)]
     assert got == [o.outputs[0].token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
     assert sum(s.num_preemptions for s in mine.stats().steps) > 0  # the small pool made it preempt
+
+
+def test_exercise_08_and_its_notebook_name_the_engine_core_only_after_the_check():
+    """minivllm's ``EngineCore`` (``minivllm/core/engine_core.py``) is exercise 08's answer: the
+    stub imports its parts from ``minivllm.course.engine_core_base``, and notebook 08 names the
+    file (in a cell or a stored output) only after its check cell."""
+    import json
+
+    names = ("minivllm/core/engine_core.py", "minivllm.core.engine_core")
+    stub = exgen.make_exercise((ROOT / "solutions" / "ex08_engine_step.py").read_text(), "ex08_engine_step")
+    assert not [n for n in names if n in stub]
+    cells = json.loads((ROOT / "notebooks" / "08_serving_loop.ipynb").read_text())["cells"]
+    check = next(i for i, c in enumerate(cells) if "course.check(ex)" in "".join(c["source"]))
+    early = [i for i, c in enumerate(cells[:check])
+             if any(n in "".join(c["source"]) + json.dumps(c.get("outputs", [])) for n in names)]
+    assert not early, f"notebook 08 names minivllm's engine core before its check (cell {check}): cells {early}"

@@ -35,3 +35,25 @@ def test_with_ipywidgets_the_controls_become_widgets():
     assert isinstance(drop, w.Dropdown) and drop.value == "bf16"
     # the widget is displayed (drawing happens in a kernel); the cell gets nothing to print
     assert widgets.interact(lambda budget: None, budget=widgets.Choice([256, 2048], value=2048, slider=True)) is None
+
+
+def test_no_notebook_imports_ipywidgets_without_a_fallback():
+    """docs/course.md promises fixed plots where ipywidgets is missing: a cell imports it only
+    inside a guard (``if have_ipywidgets():``, ``try:``), or goes through ``widgets.interact``."""
+    import ast
+    import json
+    from pathlib import Path
+
+    unguarded = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            lines = "".join(cell["source"]).splitlines()
+            code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+            for node in ast.parse(code).body:  # the cell's top level: no guard around it
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(name.split(".")[0] == "ipywidgets" for name in names):
+                    unguarded.append(f"{path.name} cell {index}")
+    assert not unguarded, f"ipywidgets imported without a fallback: {unguarded}"

@@ -2,7 +2,11 @@
 ``ex`` fixture is that exercise, loaded as ``course.load`` loads it (``exercises/``, your work, or
 ``solutions/`` with ``MINIVLLM_SOLUTIONS=1`` or ``--solutions``); and every test of the module
 carries the exercise's marker (``pytest -m ex04``; the root ``conftest.py`` declares one per
-solution file). The notebook's cases of every exercise run in ``test_cases.py``."""
+solution file). The notebook's cases of every exercise run in ``test_cases.py``.
+
+A test here fails, and the session goes on, when the code under test raises ``SystemExit``,
+``KeyboardInterrupt`` or ``GeneratorExit`` (pytest would otherwise stop the whole session on a
+``KeyboardInterrupt``); a Ctrl-C the user presses still stops it."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from minivllm import course
+from minivllm.course.grading import pressed_ctrl_c, process_exit_message, watching_interrupts
 
 
 def marker(name: str) -> pytest.MarkDecorator:
@@ -24,6 +29,20 @@ def ex(request):
 
 
 HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test's call, with a ``BaseException`` of the code under test turned into a failure."""
+    with watching_interrupts():
+        try:
+            return (yield)
+        except Exception:
+            raise
+        except BaseException as err:
+            if pressed_ctrl_c(err):
+                raise
+            raise AssertionError(process_exit_message(err)) from err
 
 
 def pytest_collection_modifyitems(items) -> None:

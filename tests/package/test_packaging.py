@@ -61,3 +61,55 @@ def test_cli_generate_prints_text():
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
     assert len(out.split()) >= 5, out
+
+
+def _imported_modules(code: str) -> set[str]:
+    """The top-level modules ``code`` needs: its absolute imports, except those in a ``try``
+    that catches ``ImportError`` (an optional package); IPython magics skipped."""
+    import ast
+
+    lines = ("" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines())
+    found: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                for h in node.handlers):
+            for child in node.handlers + node.orelse + node.finalbody:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse("\n".join(lines)))
+    return found
+
+
+def test_the_notebooks_extra_brings_what_the_notebooks_import():
+    """The README says `pip install -e ".[notebooks]"` is enough to work through the notebooks:
+    every package their code cells (and the benchmark scripts they load) import comes with the
+    runtime dependencies or that extra."""
+    import json
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["notebooks"]}
+    # module -> the distribution that brings it, where the names differ
+    brought_by = {"IPython": "jupyterlab", "yaml": "transformers"}
+    imported: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for module in _imported_modules(code):
+            imported.setdefault(module, set()).add(path.name)
+        for name in re.findall(r'load_benchmark\("(\w+)"\)', code):
+            for module in _imported_modules((ROOT / "benchmarks" / f"{name}.py").read_text()):
+                imported.setdefault(module, set()).add(f"benchmarks/{name}.py")
+    local = {"minivllm"} | {p.stem for folder in ("benchmarks", "scripts") for p in (ROOT / folder).glob("*.py")}
+    missing = {m: sorted(where) for m, where in imported.items()
+               if m not in sys.stdlib_module_names and m not in local
+               and brought_by.get(m, m).lower().replace("_", "-") not in installed}
+    assert not missing, f"imported by the notebooks, not in the runtime dependencies or [notebooks]: {missing}"

@@ -5,8 +5,10 @@ steps-to-first-token arithmetic."""
 
 from __future__ import annotations
 
+from minivllm.core.scheduler import Scheduler
 from minivllm.course.grading import Case, case, expect
 from minivllm.course.reference import (
+    Replay,
     TraceRequest,
     compare_with_reference,
     random_trace,
@@ -94,6 +96,36 @@ def _(ex):
     # c crosses into its second block first, and it is the newest: it preempts itself
     trace = preempting([T("a", 6, 12), T("b", 6, 12), T("c", 10, 12)], 3, 32, 3)
     compare(ex, trace, max_num_seqs=3, budget=32, num_kv_blocks=3)
+
+
+def queue_after_two_preemptions(replay: Replay):
+    """Step ``replay`` to the first step that preempts two requests or more; return that step's
+    record and the request ids in ``waiting`` after it (``None``: no such step)."""
+    for rec in replay:
+        if len(rec.preempted) >= 2:
+            return rec, [r.request_id for r in getattr(replay.core.scheduler, "waiting", ())]
+    return None
+
+
+@case(CASES, "two preemptions in one step: the victims requeued oldest first", "schedule",
+      "rule 6: after the step, waiting holds the step's victims first, in the order they had been admitted "
+      "(the oldest at the head), then the requests that were waiting before; the victims themselves were "
+      "preempted newest first")
+def _(ex):
+    # four requests that each cross into their second 4-token block in the same step, in a pool
+    # of 5: 'a' and 'b' each need one of the blocks 'd' and then 'c' give back
+    trace = [T(rid, 4, 8) for rid in "abcd"]
+    settings = dict(max_num_seqs=4, max_num_batched_tokens=32, enable_chunked_prefill=True, num_kv_blocks=5,
+                    block_size=4)
+    reference = queue_after_two_preemptions(Replay(Scheduler, trace, **settings))
+    if reference is None:
+        raise RuntimeError("this case's trace no longer preempts twice in one step in the reference")
+    want, want_queue = reference
+    mine = queue_after_two_preemptions(Replay(ex.ChunkedScheduler, trace, **settings))
+    if mine is not None and mine[0].step == want.step and mine[0].preempted == want.preempted:
+        expect(mine[1], want_queue, f"the request ids in waiting after step {want.step}, which preempted "
+               f"{want.preempted} (newest first)")
+    compare(ex, trace, max_num_seqs=4, budget=32, num_kv_blocks=5, block_size=4)
 
 
 @case(CASES, "no admission in a step that preempted", "schedule",

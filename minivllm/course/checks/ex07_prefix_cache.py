@@ -157,6 +157,24 @@ def _(ex):
     expect(kv.get_computed_blocks(probe)[1], 8, "after a step that ran")
 
 
+@case(CASES, "a failed step's blocks are considered at the commit of the step that runs them again",
+      "commit_written_blocks",
+      "C1: a failed step considers nothing; the request, planned again, has its full blocks considered at the "
+      "next commit, like any full block not considered before")
+def _(ex):
+    kv = _manager(ex)
+    a = Request("a", list(range(1, 10)))  # 9 tokens: blocks 0, 1 full, block 2 partial
+    table = kv.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    kv.discard_unwritten_blocks()  # the step failed: its K/V was never written
+    a.num_computed_tokens = 0  # the caller runs the request's tokens again
+    expect(kv.allocate_slots(a, 9), table, "allocate_slots for the same 9 tokens again (its table)")
+    a.num_computed_tokens = 9
+    kv.commit_written_blocks()
+    probe = Request("probe", list(range(1, 10)) + [77])
+    expect(kv.get_computed_blocks(probe), (table[:2], 8), "a lookup of a's tokens after the step that ran")
+
+
 @case(CASES, "a block not registered when it became full never is", "commit_written_blocks",
       "C1, C2: a commit registers only the blocks that became full in its step; a block skipped then "
       "because another block held its hash stays unregistered, even once that other block is evicted")

@@ -36,17 +36,17 @@ def _events(ex, trace, setup, label):
 
 
 # --- the order of a step -----------------------------------------------------------------------
-@case(CASES, "one step: plan, run, commit the written blocks, append the tokens", "StepLoop.run_step",
-      "schedule() plans; the executor runs the plan; only after it ran may the step's blocks join the "
-      "prefix cache (self.kv.commit_written_blocks()); then update_from_output appends the tokens")
+@case(CASES, "one step: one plan, run once, its blocks findable, its tokens appended", "StepLoop.run_step",
+      "S1, S2, K1: one plan per step, run once; each request that got a token has it appended once; the "
+      "blocks the step filled become findable by a later request once the executor has returned")
 def _(ex):
     trace = [R("a", PREFIX + (0, 1), 4), R("b", (3, 3, 1), 3, arrival_step=1), R("c", OTHER, 6, arrival_step=2)]
     _events(ex, trace, CoreSetup(), "three requests")
 
 
-@case(CASES, "a step that raised: discard its blocks, never commit them", "StepLoop.run_step",
-      "a step's blocks join the prefix cache only once the executor has returned; when it raises, "
-      "nothing of the step may be shared (self.kv.discard_unwritten_blocks())")
+@case(CASES, "a step that raised: none of its blocks ever findable", "StepLoop.run_step",
+      "K1: after an executor that raised, no block of the step ever becomes findable, at this step's "
+      "end or at any later step's")
 def _(ex):
     trace = [R("a", PREFIX + (0, 1), 5), R("b", OTHER, 4, arrival_step=1)]
     _events(ex, trace, CoreSetup(raise_at={1: "error"}), "the executor raises in step 1")
@@ -54,8 +54,8 @@ def _(ex):
 
 # --- what a step does --------------------------------------------------------------------------
 @case(CASES, "tokens appended, requests ended, the executor's logprobs passed on", "StepLoop.run_step",
-      "the tokens the executor sampled go to scheduler.update_from_output; StepOutput carries "
-      "them (sampled), the finished requests, and result.logprobs / result.prompt_logprobs")
+      "S2, C1: the tokens appended are the executor's (less the failed rows'); the StepOutput holds them "
+      "(sampled), every request that ended in the step, and result.logprobs / result.prompt_logprobs")
 def _(ex):
     trace = [R(f"q{i}", tuple((i + j) % 4 for j in range(3 + 2 * i)), 2 + i % 4, arrival_step=i // 2,
                stop=(3,) if i % 2 else ()) for i in range(7)]
@@ -63,9 +63,9 @@ def _(ex):
 
 
 @case(CASES, "statistics: one StepStats per step, describing the engine as the step left it", "StepLoop.run_step",
-      "stats.record_step reads the batch, the queue and the KV blocks in use: call it once per step, "
-      "after the tokens were appended and finished requests freed their blocks; the prefix-cache "
-      "counts are those of the requests scheduled for the first time (C2)")
+      "C2: one StepStats per step, failed or not, describing the engine as the step left it (its "
+      "running and waiting requests, its KV blocks in use); the prefix-cache counts are those of the "
+      "requests scheduled for the first time")
 def _(ex):
     trace = [R(f"s{i}", OTHER[: 4 + i], 1 + i % 3, arrival_step=i % 3) for i in range(6)]
     setup = CoreSetup(max_num_seqs=3, max_num_batched_tokens=12)
@@ -73,9 +73,9 @@ def _(ex):
 
 
 @case(CASES, "timestamps: first scheduled, first token, finished (max_tokens=1 too)", "StepLoop.run_step",
-      "first token = the end of the step that produced it -- also for a request that finished in that "
-      "very step (it has left the scheduler by then; stamp its first token before recording it as "
-      "finished: the statistics keep the times it has then) and for a sibling forked in it")
+      "C3, C4: first_token_time is the end of the step that appended the first token -- also for a "
+      "request that finished in that very step and for a sibling that started in it; a request recorded "
+      "as finished already holds every time C3 gives it (the statistics keep what it holds then)")
 def _(ex):
     trace = [R("long", OTHER + OTHER, 3), R("one", (1, 2, 3), 1, arrival_step=1),
              R("stops", (0, 1), 6, arrival_step=1, stop=(0, 1, 2, 3)), R("pair", (2, 3, 0), 1, arrival_step=2, n=2),
@@ -88,8 +88,8 @@ def _(ex):
 
 
 @case(CASES, "prefix cache: a block is shared only after the step that wrote it ran", "StepLoop.run_step",
-      "commit_written_blocks after the executor ran and before update_from_output frees the blocks of "
-      "requests that finished in this step (their blocks may be hits for later requests)")
+      "K1: a block the step filled is findable by a later request once the executor returned, even when "
+      "the request that filled it ends in this same step")
 def _(ex):
     trace = [R("first", PREFIX + (0,), 3), R("second", PREFIX + (3, 3), 3, arrival_step=2),
              R("brief", OTHER + (1,), 1, arrival_step=4), R("after", OTHER + (2, 2), 2, arrival_step=6)]
@@ -103,9 +103,9 @@ def _(ex):
 
 
 @case(CASES, "a failed step: its requests end with an error, its blocks are never shared", "StepLoop.run_step",
-      "catch what the executor raises: every request of the plan ends with FINISHED_ERROR and frees its "
-      "blocks, the others go on, and a later request with the same prefix must not find the failed "
-      "step's blocks in the cache")
+      "F2, K1: when the executor raises, every request of the plan ends with FINISHED_ERROR (its blocks "
+      "freed), the others go on, and a later request with the same prefix does not find the failed "
+      "step's blocks")
 def _(ex):
     trace = [R("doomed", PREFIX + OTHER, 3), R("bystander", (0, 0, 1), 4),
              R("same-prefix", PREFIX + OTHER + (1,), 3, arrival_step=3)]
@@ -113,10 +113,9 @@ def _(ex):
 
 
 @case(CASES, "a failed row: that request ends with an error and gets no token", "StepLoop.run_step",
-      "the requests in result.failed end with FINISHED_ERROR and their message (finish_requests frees "
-      "their blocks); a token drawn for a failed row is not appended; the other rows go on. The executor "
-      "returned, so the step's blocks were written: they join the prefix cache before the failed row "
-      "gives them back (K1), and a later request with the same prefix finds them")
+      "F1, K1: a failed row's request ends with FINISHED_ERROR and the row's message, and gets no token; "
+      "the other rows go on. The executor returned, so the blocks the step filled were written: a later "
+      "request with the same prefix finds them, the failed request's included")
 def _(ex):
     trace = [R("ok", (1, 1, 2), 5), R("nan", (2, 0, 3), 5), R("later", (0, 3), 3, arrival_step=1)]
     setup = CoreSetup(fail_rows={2: ["nan"]}, token_for_failed_rows=True)
@@ -127,9 +126,10 @@ def _(ex):
 
 
 @case(CASES, "n > 1: siblings fork off their leader and sample with it", "StepLoop.run_step",
-      "a leader that got its token forks its waiting siblings (scheduler.fork_request), once: a "
-      "sibling forked no longer waits in self.pending_siblings (forking it again raises 'already holds "
-      "blocks'); the siblings' first tokens are appended in the same step as the leader's")
+      "S1, S3: plan.forks names the waiting siblings of each leader that samples; each sibling of a "
+      "leader that got its token has started beside it once when the tokens are appended, and no longer "
+      "waits in self.pending_siblings (starting it again raises 'already holds blocks'); its first token "
+      "is appended in the same step as the leader's")
 def _(ex):
     trace = [R("trio", PREFIX + (0,), 4, n=3), R("solo", (3, 2, 1), 3, arrival_step=1),
              R("pair", OTHER, 2, arrival_step=2, n=2, stop=(1,))]
@@ -137,8 +137,8 @@ def _(ex):
 
 
 @case(CASES, "Ctrl-C in the middle of a step: the step's requests end, the interrupt goes up", "StepLoop.run_step",
-      "a KeyboardInterrupt is not an Exception: clean up exactly as for an error (F2), record the "
-      "step, then let it go on up")
+      "F3: a KeyboardInterrupt is not an Exception, and it leaves the engine as an error does (F2), "
+      "the step recorded, before it goes on up")
 def _(ex):
     trace = [R("a", (1, 2, 3, 0), 4), R("b", (0, 1), 4, arrival_step=1)]
     compare_with_engine_core(ex, trace, CoreSetup(raise_at={2: "interrupt"}), "KeyboardInterrupt in step 2")
@@ -160,7 +160,7 @@ def _(ex):
 
 
 @case(CASES, "a step that plans nothing while requests wait raises EngineStalledError", "StepLoop.run_step",
-      "raise EngineStalledError when nothing was planned, preempted or ended and requests remain")
+      "S4: a step that plans, preempts and ends nothing while requests remain raises EngineStalledError")
 def _(ex):
     trace = [R("stuck", (1, 2), 3)]
     expected = run_core(EngineCore, trace, CoreSetup(never_schedules=True))

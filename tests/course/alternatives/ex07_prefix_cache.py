@@ -52,10 +52,13 @@ C1. Only once its K/V is known to be written. A commit (``commit_written_blocks`
     considered before, and registers each unless C2 stops it. So a block is considered once, at
     the commit of the step that filled it, and one passed over then is never registered later.
     A request's hits count as considered; so, for a forked child, does what its parent had
-    considered (F1). A request freed (preempted) before the commit registers nothing; after
-    ``discard_unwritten_blocks`` (the step failed) the next commit registers nothing for the
-    requests planned before it. This holds for every block: a prompt's, a generated one's, a
-    fork's, a copy.
+    considered (F1). A request freed (preempted) before the commit registers nothing. A step
+    that fails considers nothing: after ``discard_unwritten_blocks`` the next commit registers
+    nothing for the requests planned before it, and the blocks the failed step was to fill are
+    not considered either -- a request that outlives it, is planned again (``allocate_slots``)
+    and then runs a step has them considered at that step's commit, as full blocks not
+    considered before. This holds for every block: a prompt's, a generated one's, a fork's, a
+    copy.
 C2. One block per hash, one hash per block: a block whose hash is registered already (under
     another block) is passed over, and a registered block keeps its hash. Within one commit the
     requests register in the order ``allocate_slots`` was called for them, so of two blocks with
