@@ -91,7 +91,6 @@ def triton_backend_without_launches(counts: dict[str, int] | None = None):
     ``(backend, restore)``: call ``restore()`` to put the kernels back."""
     from minivllm.attention import triton_cache, triton_decode, triton_prefill
     from minivllm.attention.triton_backend import TritonAttentionBackend
-    import minivllm.attention.triton_backend as tb
 
     counts = {} if counts is None else counts
     backend = TritonAttentionBackend()
@@ -101,12 +100,10 @@ def triton_backend_without_launches(counts: dict[str, int] | None = None):
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     for mod, name in patched:
         setattr(mod, name, LaunchCounter(name, counts))
-    saved_check = tb.check_interpreter_ready
 
     def restore() -> None:
         for mod, name, fn in saved:
             setattr(mod, name, fn)
-        tb.check_interpreter_ready = saved_check
 
     return backend, restore
 

@@ -39,7 +39,11 @@ def block_table_share(batch: int = 64, context: int = 4096) -> float:
 
 def measure(batch: int, context: int, dtype: torch.dtype, repeats: int = 20) -> dict[str, float]:
     """Median µs per launch group on CUDA: ``cache write``, ``decode`` (with its merge), ``prefill``."""
-    from minivllm.attention.triton_kernels import paged_decode_attention, paged_prefill_attention, reshape_and_cache
+    from minivllm.attention.triton_kernels import (
+        paged_decode_attention,
+        paged_prefill_attention,
+        reshape_and_cache,
+    )
 
     dev = "cuda"
     per_seq = -(-context // BLOCK)
