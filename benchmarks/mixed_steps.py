@@ -73,11 +73,15 @@ def mixed_step(prompt_tokens: int, num_decodes: int, seed: int = 0) -> StepShape
 
 
 class ForwardStep:
-    """The tiny model with one attention backend and a KV pool; ``run(shape)`` builds that step's
-    inputs and metadata and runs the forward pass and the LM head, as the model runner does."""
+    """The tiny model with one attention backend and a KV pool, on ``device`` in ``dtype``
+    (the CPU in float32 by default); ``run(shape)`` builds that step's inputs and metadata and
+    runs the forward pass and the LM head, as the model runner does (on a GPU it waits for the
+    step's kernels to finish, so that a timing of ``run`` is the step's)."""
 
-    def __init__(self, backend: str, num_blocks: int):
-        self.model, _ = load_model(dtype="float32", device="cpu", attention_backend=backend)
+    def __init__(self, backend: str, num_blocks: int, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype = "float32"):
+        self.device = torch.device(device)
+        self.model, _ = load_model(dtype=dtype, device=self.device, attention_backend=backend)
         self.model.allocate_kv_cache(num_blocks, BLOCK_SIZE)
         self.num_blocks = num_blocks
         self.vocab = self.model.config.vocab_size
@@ -100,14 +104,17 @@ class ForwardStep:
             tables.append(table)
             last_rows.append(len(ids) - 1)
         meta = AttentionMetadata.build([q for q, _ in shape.rows], [q + c for q, c in shape.rows], tables,
-                                       slots, BLOCK_SIZE)
-        return torch.tensor(ids), torch.tensor(positions), meta, last_rows
+                                       slots, BLOCK_SIZE, self.device)
+        return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta,
+                last_rows)
 
     @torch.inference_mode()
     def run(self, shape: StepShape) -> None:
         ids, positions, meta, last_rows = self.inputs(shape)
         hidden = self.model(ids, positions, meta)
         self.model.compute_logits(hidden[last_rows])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the step's time, not the time to queue it
 
 
 def padded_bytes(shape: StepShape, num_heads: int) -> int:

@@ -104,6 +104,10 @@ class EngineArgs:
     # the KV cache's number format: "auto" (the model's dtype) or "int8" (codes + a float32
     # scale per token and KV head; about half the bytes of a 16-bit cache)
     kv_cache_dtype: str = "auto"
+    # decode steps through static per-batch-bucket buffers (minivllm/engine/graph_decode.py), and
+    # on a CUDA device captured as CUDA graphs and replayed. Off by default until a GPU has
+    # measured it (scripts/gpu_check.sh, step "graphs"); the "triton" attention backend only.
+    cuda_graphs: bool = False
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineArgs:
@@ -125,7 +129,8 @@ class EngineArgs:
         check_int("max_model_len", self.max_model_len, 2, allow_none=True)
         check_int("seed", self.seed, 0, allow_none=True)
         check_int("cpu_threads", self.cpu_threads, 1, allow_none=True)
-        for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks", "engine_core_process"):
+        for name in ("enable_chunked_prefill", "skip_tokenizer_init", "debug_checks", "engine_core_process",
+                     "cuda_graphs"):
             check_bool(name, getattr(self, name))
         check_bool("enable_prefix_caching", self.enable_prefix_caching, allow_none=True)
         _check_choice("scheduler", self.scheduler, SCHEDULERS, SchedulerInterface, factory_ok=True)

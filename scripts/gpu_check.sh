@@ -26,6 +26,10 @@
 #   attn_bench   benchmarks/attention_kernels.py: achieved HBM bandwidth of paged decode (fraction
 #                of peak), the cost of paging (same kernel, contiguous blocks); stored as
 #                $OUT/results/attention_kernels-<gpu>.json (copy it into benchmarks/results/)
+#   traffic      benchmarks/kernel_traffic.py: each kernel's measured time beside its predicted floor
+#                (bytes per launch from minivllm/attention/traffic.py at peak bandwidth), fraction of peak
+#   graphs       benchmarks/graph_decode.py: the decode forward captured as CUDA graphs (one per
+#                batch bucket) and replayed, against the eager forward: speed-up, identical tokens
 #   throughput   benchmarks/throughput.py: transformers static vs minivllm static vs continuous
 #   notebooks    every notebook under nbval (--nbval-lax --nbval-current-env): checked outputs
 set -uo pipefail
@@ -106,20 +110,24 @@ if [[ -n "$CAPABILITY" && "$CAPABILITY" -lt 80 ]]; then EX06_FILTER="-k 'not bf1
 
 # --- the plan: name | time limit (s) | needs | command ---------------------------------------
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE)
-STEPS=(env kernels ex06 engine attn_bench throughput notebooks)
+STEPS=(env kernels ex06 engine attn_bench traffic graphs throughput notebooks)
 declare -A LIMIT NEEDS CMD
 LIMIT[env]=20;         NEEDS[env]="gpu"
-LIMIT[kernels]=120;    NEEDS[kernels]="gpu triton pytest hypothesis minivllm"
+LIMIT[kernels]=105;    NEEDS[kernels]="gpu triton pytest hypothesis minivllm"
 LIMIT[ex06]=45;        NEEDS[ex06]="gpu triton pytest hypothesis minivllm"
 LIMIT[engine]=80;      NEEDS[engine]="gpu triton pytest transformers minivllm"
 LIMIT[attn_bench]=60;  NEEDS[attn_bench]="gpu triton minivllm"
-LIMIT[throughput]=45;  NEEDS[throughput]="gpu transformers minivllm"
-LIMIT[notebooks]=110;  NEEDS[notebooks]="gpu triton pytest nbval ipykernel matplotlib ipywidgets transformers minivllm"
+LIMIT[traffic]=15;     NEEDS[traffic]="gpu triton minivllm"
+LIMIT[graphs]=25;      NEEDS[graphs]="gpu triton minivllm"
+LIMIT[throughput]=40;  NEEDS[throughput]="gpu transformers minivllm"
+LIMIT[notebooks]=90;  NEEDS[notebooks]="gpu triton pytest nbval ipykernel matplotlib ipywidgets transformers minivllm"
 CMD[env]="$PY -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p, torch.__version__, torch.version.cuda, triton.__version__)'"
 CMD[kernels]="${PYTEST[*]} tests/attention --ignore=tests/attention/test_gpu_compile.py --ignore=tests/attention/test_attention_backends.py --ignore=tests/attention/test_kv_int8.py --ignore=tests/attention/test_engine_triton.py"
 CMD[ex06]="${PYTEST[*]} -m ex06 tests/exercises${EX06_FILTER:+ $EX06_FILTER}"  # its notebook cases (test_cases.py) and its module
 CMD[engine]="${PYTEST[*]} -s tests/engine/test_gpu_device.py tests/attention/test_attention_backends.py tests/attention/test_kv_int8.py tests/attention/test_engine_triton.py"
 CMD[attn_bench]="$PY benchmarks/attention_kernels.py --out $OUT/attention_kernels.json --store $OUT/results"
+CMD[traffic]="$PY benchmarks/kernel_traffic.py --batches 1 8 64 --contexts 512 4096"
+CMD[graphs]="$PY benchmarks/graph_decode.py"
 CMD[throughput]="$PY benchmarks/throughput.py"
 CMD[notebooks]="${PYTEST[*]} --nbval-lax --nbval-current-env notebooks"
 

@@ -92,6 +92,11 @@ def build_core(args: EngineArgs, model_path: Path, pad_token_id: int | None) -> 
                                          device_type=model.lm_head.weight.device.type)
     runner = ModelRunner(model, kv.num_blocks, kv.block_size, sampler,
                          pad_token_id if pad_token_id is not None else 0, kv_dtype, speculative)
+    if args.cuda_graphs:  # graph-ready decode steps (engine/graph_decode.py); captured on CUDA
+        from minivllm.engine.graph_decode import GraphDecode
+
+        runner.graph_decode = GraphDecode(model, kv.block_size, max_model_len, args.max_num_seqs,
+                                          capture=model.lm_head.weight.device.type == "cuda")
     core = build_engine_core(args, scheduler, runner, time.perf_counter)
     return BuiltCore(core, model, runner, sampler, max_model_len, kv_dtype)
 

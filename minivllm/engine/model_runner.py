@@ -48,6 +48,7 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, dtype=kv_cache_dtype)
         self.speculative = speculative
+        self.graph_decode = None  # a GraphDecode (engine/graph_decode.py) that takes plain decode steps
 
     def prepare_inputs(
         self, out: SchedulerOutput
@@ -94,6 +95,10 @@ class ModelRunner:
                 copy_blocks(self.speculative.draft.kv_caches, out.blocks_to_copy)
         if out.is_empty:
             return None
+        if self.graph_decode is not None:
+            hidden = self.graph_decode.run(out)
+            if hidden is not None:
+                return hidden, list(range(hidden.shape[0]))
         input_ids, positions, meta, last_rows = self.prepare_inputs(out)
         return self.model(input_ids, positions, meta), last_rows
 

@@ -3,7 +3,8 @@
 The interpreter accepts code that a GPU compiler rejects (``tl.dot`` tiles under 16 rows, for
 example) and knows nothing of shared-memory limits. Triton can lower a kernel all the way to a
 cubin (``ptxas`` ships with the wheel) for any ``GPUTarget`` without a device, which is what this
-script does. It must run in a process where ``TRITON_INTERPRET=0``, so that ``@triton.jit``
+script does, and it reads each kernel's registers per thread and spilled bytes from
+``ptxas -v``. It must run in a process where ``TRITON_INTERPRET=0``, so that ``@triton.jit``
 builds compilable kernels; ``test_gpu_compile.py`` starts it that way and reads its JSON.
 
     TRITON_INTERPRET=0 python tests/attention/gpu_compile_check.py   # prints one JSON object per case
@@ -13,7 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 
 def _signature(fn, args: dict) -> tuple[dict, dict]:
@@ -122,6 +127,29 @@ CASES = [
 ]
 
 
+PTXAS_USAGE = re.compile(r"Used (\d+) registers")
+PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_usage(ptx: str, capability: int) -> dict:
+    """``ptxas -v`` (Triton's own, with the flags Triton passes it) on the kernel's PTX:
+    ``{"registers": per thread, "spill_bytes": spill stores + loads}``."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    ptxas = get_ptxas(capability).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        done = subprocess.run([ptxas, "-v", "--regAllocOptLevel=2", f"--gpu-name={sm_arch_from_capability(capability)}",
+                               str(src), "-o", str(src.with_suffix(".o"))], capture_output=True, text=True, check=True)
+    log = done.stdout + done.stderr
+    registers = [int(n) for n in PTXAS_USAGE.findall(log)]
+    spills = [int(a) + int(b) for a, b in PTXAS_SPILLS.findall(log)]
+    if not registers:
+        raise RuntimeError(f"no register count in ptxas -v's output: {log[-500:]}")
+    return {"registers": max(registers), "spill_bytes": sum(spills)}
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("run with TRITON_INTERPRET=0: interpreted kernels cannot be compiled", file=sys.stderr)
@@ -143,9 +171,12 @@ def main() -> int:
         fn, make_args = kernels[name]
         sig, consts = _signature(fn, make_args(*params))
         record = {"kernel": name, "params": list(params), "capability": capability}
+        options = {"num_warps": triton_prefill.NUM_WARPS} if name == "prefill" else {}  # as launched
         try:
-            compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", capability, 32))
+            compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", capability, 32),
+                                      options=options)
             record["shared_bytes"] = int(compiled.metadata.shared)
+            record.update(ptxas_usage(compiled.asm["ptx"], capability))
         except Exception as exc:  # reported to the test, which fails on it
             record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         print(json.dumps(record), flush=True)

@@ -78,3 +78,13 @@ def test_mixed_step_computes_the_same_prompt_as_the_prompt_alone():
         torch.testing.assert_close(mixed[-40:], alone, atol=1e-4, rtol=1e-4)
         with pytest.raises(ValueError, match="KV blocks"):
             runner.inputs(bench.mixed_step(2000, 3))
+
+
+def test_forward_step_takes_the_device_and_dtype():
+    """Notebook 05 times on its DEVICE / DTYPE: the step's model, cache and inputs follow them."""
+    bench = load_script()
+    runner = bench.ForwardStep("torch", num_blocks=64, device="cpu", dtype=torch.bfloat16)
+    assert runner.device == torch.device("cpu") and runner.model.lm_head.weight.dtype == torch.bfloat16
+    ids, pos, meta, _ = runner.inputs(bench.mixed_step(20, 2))
+    assert ids.device == pos.device == meta.seq_lens.device == runner.device
+    runner.run(bench.mixed_step(20, 2))

@@ -23,7 +23,7 @@ from minivllm.course.kernel_results import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ["env", "kernels", "ex06", "engine", "attn_bench", "throughput", "notebooks"]
+STEPS = ["env", "kernels", "ex06", "engine", "attn_bench", "traffic", "graphs", "throughput", "notebooks"]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -39,6 +39,7 @@ def test_dry_run_prints_the_plan_within_budget(tmp_path):
     assert printed.count("would run: ") == len(STEPS)
     assert "tests/attention" in printed and "--nbval-lax --nbval-current-env notebooks" in printed
     assert "benchmarks/attention_kernels.py" in printed and "benchmarks/throughput.py" in printed
+    assert "benchmarks/kernel_traffic.py" in printed and "benchmarks/graph_decode.py" in printed
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "dry run: nothing ran" in summary
     for step in STEPS:
