@@ -134,7 +134,6 @@ def build_runner(cfg: ModelConfig, backend, device: str = "cpu", dtype: torch.dt
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(std=0.05)
-    model.decoder_stack = None  # the modules, as on a GPU
     runner = ModelRunner(model.eval(), 1, BLOCK_SIZE, sampler=None)
     runner.kv_caches = model.allocate_kv_cache(num_blocks, BLOCK_SIZE, device=kv_device)
     return runner

@@ -33,7 +33,6 @@ def build_model(kv_dtype=None, seed=0):
 
     torch.manual_seed(seed)
     model = LlamaFamilyModel(ModelConfig.from_dict(CFG), TritonAttentionBackend(), TorchLayerOps()).eval()
-    model.decoder_stack = None
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(std=0.3)
