@@ -35,10 +35,8 @@ from minivllm.course.grading import (
     CheckFailed,
     Mismatch,
     Report,
-    pressed_ctrl_c,
     require,
     run_cases,
-    watching_interrupts,
 )
 from minivllm.course.hints import hint
 from minivllm.course.loader import (
@@ -49,6 +47,7 @@ from minivllm.course.loader import (
     has_solutions,
     load,
     load_benchmark,
+    load_or_error,
     resolve_name,
     use_solutions,
 )
@@ -93,7 +92,7 @@ def grade(names: list[str] | None = None, solutions: bool | None = None) -> list
     exercises = exercise_names() if asked is None else [resolve_name(n) for n in asked if n.lower() != "capstone"]
     reports = []
     for name in exercises:
-        module = _load_for_grading(name, solutions)
+        module = load_or_error(name, solutions)
         if isinstance(module, BaseException):
             def broken(_module, err=module):
                 raise AssertionError(f"the file does not import: {type(err).__name__}: {err}")
@@ -109,18 +108,6 @@ def grade(names: list[str] | None = None, solutions: bool | None = None) -> list
         if asked is not None or set(PREREQUISITES) <= set(exercise_names()):  # a course with every part
             reports.append(capstone_report(solutions))
     return reports
-
-
-def _load_for_grading(name: str, solutions: bool | None):
-    """``load(name)``, or what its file raised as it ran (a syntax error, say, or a ``SystemExit``
-    at its top level); a Ctrl-C the user pressed goes on up."""
-    with watching_interrupts():
-        try:
-            return load(name, solutions=solutions)
-        except BaseException as err:
-            if pressed_ctrl_c(err):
-                raise
-            return err
 
 
 def show_code(obj) -> None:

@@ -45,7 +45,7 @@ from minivllm.course.harness import (
     expect_same_steps,
     run_trace,
 )
-from minivllm.course.loader import exercise_names, load, use_solutions
+from minivllm.course.loader import exercise_names, load, load_or_error, use_solutions
 from minivllm.course.reference import DECISIONS
 from minivllm.course.verdicts import verdict, working
 
@@ -413,9 +413,8 @@ def capstone_report(solutions: bool | None = None) -> Report:
         report = Report(CAPSTONE, "exercises")
         report.results.append(CaseResult(case_, TODO, f"needs {', '.join(absent)}, which this copy of the course has not"))
         return report
-    from minivllm.course import _load_for_grading
 
-    modules = {name: _load_for_grading(name, solutions) for name in PREREQUISITES}
+    modules = {name: load_or_error(name, solutions) for name in PREREQUISITES}
     broken = [name.split("_")[0] for name, module in modules.items() if isinstance(module, BaseException)]
     if broken:
         report = Report(CAPSTONE, "solutions" if (use_solutions() if solutions is None else solutions) else "exercises")

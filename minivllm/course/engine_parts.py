@@ -66,7 +66,6 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
         "minivllm.attention.torch_ragged:prefill_attention",
         "minivllm.attention.torch_ragged:paged_attention_ragged",
         "minivllm.attention.torch_ragged:TorchAttentionBackend.forward",
-        "minivllm.attention.cpp_backend:paged_attention_cpu",
         "minivllm.attention.cpp_backend:CppAttentionBackend.forward",
     ),
     "ex06_triton_kernel": (

@@ -96,6 +96,20 @@ def load(name: str, solutions: bool | None = None, root: Path | None = None) -> 
     return load_path(path, name, folder)
 
 
+def load_or_error(name: str, solutions: bool | None) -> ModuleType | BaseException:
+    """:func:`load`, or what its file raised as it ran (a syntax error, say, or a ``SystemExit``
+    at its top level), for a grader to report; a Ctrl-C the user pressed goes on up."""
+    from minivllm.course.grading import pressed_ctrl_c, watching_interrupts
+
+    with watching_interrupts():
+        try:
+            return load(name, solutions=solutions)
+        except BaseException as err:
+            if pressed_ctrl_c(err):
+                raise
+            return err
+
+
 def load_path(path: Path, name: str, source: str) -> ModuleType:
     """Execute the file at ``path`` as a fresh module (registered in ``sys.modules`` while it
     runs, so dataclasses and pickling work)."""

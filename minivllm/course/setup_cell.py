@@ -41,22 +41,23 @@ import sys
 
 REPO_URL = "{REPO_URL}"
 RELEASE = "{RELEASE}"
-KEEP_WORK_ON_DRIVE = True  # your exercises/ on Google Drive; False: save_work() / restore_work() by hand
+KEEP_WORK_ON_DRIVE = True  # exercises/ on Google Drive; False: save_work() / restore_work() by hand
 if "google.colab" in sys.modules:
     content = os.environ.get("MINIVLLM_COLAB_CONTENT", "/content")
     course_dir = os.path.join(content, "minivllm")
     if not os.path.isdir(course_dir):
-        clone = ["git", "clone", "--quiet", "--depth", "1", "--branch", RELEASE, REPO_URL, course_dir]
-        if subprocess.run(clone).returncode != 0:
+        clone = ["git", "clone", "--quiet", "--depth", "1"]
+        if subprocess.run([*clone, "--branch", RELEASE, REPO_URL, course_dir]).returncode != 0:
             print(f"release {{RELEASE}} is not at {{REPO_URL}}: taking its default branch instead")
-            subprocess.run(["git", "clone", "--quiet", "--depth", "1", REPO_URL, course_dir], check=True)
+            subprocess.run([*clone, REPO_URL, course_dir], check=True)
         pip = [sys.executable, "-m", "pip", "install", "-q", "-e", course_dir]
         subprocess.run(pip, check=True)
     sys.path.insert(0, course_dir)
     os.chdir(os.path.join(course_dir, "notebooks"))
     from minivllm.course.colab import keep_work
 
-    keep_work(course_dir, os.path.join(content, "drive/MyDrive/minivllm-work") if KEEP_WORK_ON_DRIVE else None)
+    work_dir = os.path.join(content, "drive", "MyDrive", "minivllm-work")
+    keep_work(course_dir, work_dir if KEEP_WORK_ON_DRIVE else None)
 
 # Figures appear under the cell that draws them (minivllm never changes matplotlib's backend).
 %matplotlib inline
