@@ -314,7 +314,7 @@ def verdict(rows: list[Row]) -> list[str]:
             bound = [r.batch for r in mine if r.verdict[gpu] == "launch-bound"]
             ratio = [f"{r.host_ms / r.memory_ms[gpu]:.1f}x" for r in mine]
             what = (f"launch-bound at batch {', '.join(map(str, bound))}" if bound else "device-bound at every batch")
-            lines.append(f"{name} on {gpu}: decode is {what} (host / device time: {', '.join(ratio)} "
+            lines.append(f"{name} on {gpu}: decode is {what}\n    (host / device time: {', '.join(ratio)} "
                          f"at batch {', '.join(str(r.batch) for r in mine)})")
     return lines
 
