@@ -21,10 +21,10 @@ MAX_SPECULATIVE_TOKENS = 32  # more drafts than this are almost never all accept
 _KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min",
          "disable_by_batch_size")
 # "auto" on a CPU, per method: above this many requests in a step, drafting costs more than it
-# saves (benchmarks/spec_decode.py --requests N on the tiny model, greedy, k = 4; docs/benchmarks.md).
-# The draft model: 1.19x at 8 requests, 1.22x at 16, 1.21x at 32, 1.07x at 48, 0.94x at 64. N-gram
-# lookup on new stories: drafts rarely kept, 0.88x with a limit of 32 where 8 gave 1.13x.
-CPU_DISABLE_BY_BATCH_SIZE = {"draft_model": 32, "ngram": 8}
+# saves (benchmarks/spec_decode.py --requests N on the tiny model, greedy, k = 4, 64 tokens;
+# docs/benchmarks.md). The draft model: 1.24x at 4 requests, 1.09x at 8, 0.93x at 16, 0.85x at 32.
+# N-gram lookup on new stories: drafts rarely kept, 0.88x with a limit of 32 where 8 gave 1.13x.
+CPU_DISABLE_BY_BATCH_SIZE = {"draft_model": 8, "ngram": 8}
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:

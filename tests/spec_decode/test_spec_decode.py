@@ -480,7 +480,8 @@ def draft_steps(llm, prompts, params) -> tuple[list[list[int]], list[tuple[int, 
 
 
 @pytest.mark.parametrize("limit, batch, drafts_expected", [
-    ("auto", 4, True),  # on a CPU "auto" is 32 for a draft model: four requests still draft
+    ("auto", 4, True),  # on a CPU "auto" is 8 for a draft model: four requests still draft
+    ("auto", 12, False),  # twelve decoding together: above it, no step drafts
     ("auto", 40, False),  # forty decoding together: no step drafts
     (2, 4, False),
     (None, 12, True),  # never stops
