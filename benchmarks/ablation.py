@@ -384,6 +384,45 @@ def verdicts(result: dict) -> list[str]:
     return lines
 
 
+def step_gains(part: dict) -> dict[str, float]:
+    """Each setting's throughput over the one before it (the first: 1.0)."""
+    s = part["settings"]
+    names = list(s)
+    return {n: s[n]["output_tokens_per_s"] / s[names[max(i - 1, 0)]]["output_tokens_per_s"]
+            for i, n in enumerate(names)}
+
+
+def notes(result: dict) -> list[str]:
+    """Per half, what each step bought, and why the 8-bit cache and speculation pay or do not:
+    the counters behind the bars (KV blocks, requests running, drafts accepted, steps)."""
+    lines = []
+    for key, label in (("engine", "engine"), ("sim", "simulator")):
+        part = result.get(key)
+        if not part:
+            continue
+        s = part["settings"]
+        gains = step_gains(part)
+        lines.append(f"{label}, each step over the one before: "
+                     + ", ".join(f"{n.lstrip('+ ')} {g:.2f}×" for n, g in list(gains.items())[1:]))
+        names = list(s)
+        if "+ int8 KV cache" in s and names.index("+ int8 KV cache") > 0:
+            prev = s[names[names.index("+ int8 KV cache") - 1]]
+            now = s["+ int8 KV cache"]
+            bound = ("memory no longer limited the batch, so the extra room bought no extra sequences"
+                     if now["peak_running"] <= prev["peak_running"] else
+                     f"the batch grew from {prev['peak_running']} to {now['peak_running']} at its peak")
+            lines.append(f"  int8 KV: {now['kv_blocks'] / prev['kv_blocks']:.1f}× the blocks in the same bytes; "
+                         f"{bound}; throughput {gains['+ int8 KV cache']:.2f}×")
+        if "+ speculative decoding" in s and names.index("+ speculative decoding") > 0:
+            prev = s[names[names.index("+ speculative decoding") - 1]]
+            now = s["+ speculative decoding"]
+            lines.append(f"  speculation: {now['acceptance_rate']:.0%} of drafts accepted, "
+                         f"{prev['steps']:,} -> {now['steps']:,} steps, "
+                         f"{now['kv_blocks']:,} KV blocks (the draft's K/V shares the pool); "
+                         f"throughput {gains['+ speculative decoding']:.2f}×")
+    return lines
+
+
 def plot(result: dict):
     """Horizontal bars, one panel per half: throughput per setting, the ratio to static batching
     written beside each bar."""
@@ -446,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(result)))
     print()
     print("\n".join(details(result)))
+    print()
+    print("\n".join(notes(result)))
     print()
     print("\n".join(verdicts(result)))
     print(f"\n{len(result['settings'])} settings in {time.perf_counter() - t0:.0f} s.")
