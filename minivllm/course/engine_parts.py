@@ -280,8 +280,8 @@ def _text(value) -> str:
 
 def shown_open(name: str, cells: list[Mapping], exercise: str) -> list[str]:
     """Where the notebook ``name`` shows one of ``exercise``'s parts unfolded: a cell that asks
-    for its source other than through ``course.show_engine_code`` (which shows it folded), or a
-    stored output, not folded, that holds it. After the check a notebook compares minivllm's part
+    for its source other than through ``course.show_engine_code`` (which shows it folded) and
+    does not store only folded outputs, or a stored output, not folded, that holds it. After the check a notebook compares minivllm's part
     with the student's, but a reader on GitHub sees the stored outputs first, so the part stays
     behind a click (``tests/course/test_folded_answers.py``)."""
     from minivllm.course.display import is_folded
@@ -291,12 +291,15 @@ def shown_open(name: str, cells: list[Mapping], exercise: str) -> list[str]:
         if cell["cell_type"] != "code":
             plain.append({"cell_type": "raw", "source": ""})  # markdown: see shown_too_early
             continue
+        outputs = [o for o in cell.get("outputs", ()) if not is_folded(o.get("data", {}))]
+        if cell.get("outputs") and not outputs:  # all it shows is folded
+            plain.append({"cell_type": "raw", "source": ""})
+            continue
         source = original = _text(cell["source"])
         tree = _parse(original)
         for node in ast.walk(tree) if tree else ():
             if isinstance(node, ast.Call) and _call_name(node) == "show_engine_code":
                 source = source.replace(ast.get_source_segment(original, node) or "", "None")
-        outputs = [o for o in cell.get("outputs", ()) if not is_folded(o.get("data", {}))]
         plain.append({"cell_type": "code", "source": source, "outputs": outputs})
     return [f"{v.notebook} cell {v.cell} {v.how} {v.part} unfolded: show it with course.show_engine_code"
             for v in _violations(name, plain, exercise, ENGINE_PARTS.get(exercise, ()))]
