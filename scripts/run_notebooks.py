@@ -15,7 +15,10 @@ What is stored is what a student should see on opening a notebook, before runnin
 - no answer: a ``course.answer(...)`` cell keeps no output (it shows the answer when run), and
   neither does a ``course.show_code(...)`` cell (your code, or a reference answer's, printed
   beside minivllm's: recorded with the reference standing in, it would be the answer);
-- a cell tagged ``reveal`` (what a "predict, then run" question leads to) opens folded;
+- a cell tagged ``reveal`` (what a "predict, then run" question leads to) shows its answer
+  folded: it prints inside ``with course.folded():``, whose one output is a ``<details>`` block
+  that GitHub, Colab and JupyterLab all keep closed (``minivllm/course/display.py``); a reveal
+  cell that does not is folded by JupyterLab's ``outputs_hidden`` alone, which the others ignore;
 - no widget state, and in place of a widget's output a line saying it needs a live kernel
   (a stored widget view shows as a bare ``VBox(...)`` until its cell runs);
 - the kernelspec JupyterLab itself writes, so that opening a notebook does not mark it changed.
@@ -34,6 +37,8 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+from minivllm.course.display import is_folded
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -88,7 +93,13 @@ def prepare_for_students(nb) -> None:
             cell.outputs = []
         tags = cell.metadata.get("tags", [])
         if "reveal" in tags:
-            cell.metadata.setdefault("jupyter", {})["outputs_hidden"] = True
+            jupyter = cell.metadata.setdefault("jupyter", {})
+            if all(is_folded(out.get("data", {})) for out in cell.outputs):
+                jupyter.pop("outputs_hidden", None)  # folded already: one click opens it
+            else:
+                jupyter["outputs_hidden"] = True
+            if not jupyter:
+                del cell.metadata["jupyter"]
         for out in cell.outputs:
             if WIDGET_VIEW in out.get("data", {}):
                 out["data"] = {"text/plain": WIDGET_PLACEHOLDER}

@@ -22,12 +22,18 @@ Help, on request: ``course.hint("ex04")`` gives the next hint of exercise 04 (th
 counts them), and ``course.answer("nb04.blocks")`` the answer to a question a notebook asks
 before its exercise, folded until opened. ``course.show_code(ex.X)`` prints your code (or a
 reference answer) where a notebook compares it with minivllm's; its output is never stored.
+
+What a notebook stores of an answer is folded (:mod:`minivllm.course.display`): ``with
+course.folded(): ...`` shows what the block prints as one output that opens on a click (the
+cell after a "predict, then run" question), and ``course.show_engine_code(X, ...)`` shows
+minivllm's source of ``X`` folded, to compare with yours after an exercise's check.
 """
 
 from __future__ import annotations
 
 from minivllm.course.answers import answer
 from minivllm.course.checks import cases_for
+from minivllm.course.display import folded
 from minivllm.course.go_on import install as _guard_cells_of_a_partial_copy
 from minivllm.course.grading import (
     Case,
@@ -55,6 +61,8 @@ from minivllm.course.verdicts import check, grade_module, label, verdict, workin
 
 __all__ = [
     "show_code",
+    "show_engine_code",
+    "folded",
     "load",
     "load_benchmark",
     "check",
@@ -117,3 +125,19 @@ def show_code(obj) -> None:
     import inspect
 
     print(inspect.getsource(obj))
+
+
+def show_engine_code(*objects, summary: str | None = None) -> None:
+    """Show minivllm's source of each of ``objects`` (functions, methods, classes, Triton
+    kernels), folded under ``summary`` in a notebook (printed elsewhere): a notebook compares it
+    with your code after the exercise's check, and stores it folded, so that nobody reading the
+    notebook sees it before writing their own."""
+    import inspect
+    import textwrap
+
+    from minivllm.course.display import collapsed_text
+
+    objects = tuple(getattr(o, "fn", o) for o in objects)  # a @triton.jit kernel keeps its Python in .fn
+    names = ", ".join(f"{o.__qualname__}" for o in objects)
+    code = "\n".join(textwrap.dedent(inspect.getsource(o)) for o in objects)
+    collapsed_text(summary or f"minivllm's {names} (open it once your exercise passes)", code)

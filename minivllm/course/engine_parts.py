@@ -9,8 +9,8 @@ engine's functions and classes that implement what the exercise asks for, as
 too early: before the check of its exercise in the exercise's own notebook, or anywhere in an
 earlier notebook. A cell shows a part when
 
-- its code asks for the part's source (``inspect.getsource(...)``, ``X??``, ``%psource X``, or
-  a helper of the notebook that calls ``getsource``), or
+- its code asks for the part's source (``inspect.getsource(...)``, ``X??``, ``%psource X``,
+  ``course.show_engine_code(...)``, or a helper of the notebook that calls ``getsource``), or
 - its text (a markdown cell, or the stored output of a code cell) holds two consecutive
   significant lines of the part's source, compared without whitespace.
 
@@ -102,7 +102,7 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
 }
 
 MIN_LINE = 12  # characters (whitespace removed) for a source line to count as significant
-_SOURCE_CALLS = {"getsource", "getsourcelines", "psource", "pfile"}
+_SOURCE_CALLS = {"getsource", "getsourcelines", "psource", "pfile", "show_engine_code"}
 
 
 def resolve(part: str):
@@ -242,10 +242,10 @@ def _source_requests(code: str, helpers: set[str]) -> list[str]:
     tree = _parse(code)
     for node in ast.walk(tree) if tree else ():
         if isinstance(node, ast.Call) and node.args and (_call_name(node) in _SOURCE_CALLS | helpers):
-            arg = node.args[0]
-            if isinstance(arg, ast.Call) and _call_name(arg) == "getattr" and arg.args:
-                arg = arg.args[0]  # getattr(kernel, "fn", kernel)
-            requests.append(ast.unparse(arg))
+            for arg in node.args if _call_name(node) == "show_engine_code" else node.args[:1]:
+                if isinstance(arg, ast.Call) and _call_name(arg) == "getattr" and arg.args:
+                    arg = arg.args[0]  # getattr(kernel, "fn", kernel)
+                requests.append(ast.unparse(arg))
     return requests
 
 
@@ -276,3 +276,30 @@ def _output_texts(cell: Mapping) -> list[str]:
 
 def _text(value) -> str:
     return "".join(value) if isinstance(value, list) else str(value)
+
+
+def shown_open(name: str, cells: list[Mapping], exercise: str) -> list[str]:
+    """Where the notebook ``name`` shows one of ``exercise``'s parts unfolded: a cell that asks
+    for its source other than through ``course.show_engine_code`` (which shows it folded) and
+    does not store only folded outputs, or a stored output, not folded, that holds it. After the check a notebook compares minivllm's part
+    with the student's, but a reader on GitHub sees the stored outputs first, so the part stays
+    behind a click (``tests/course/test_folded_answers.py``)."""
+    from minivllm.course.display import is_folded
+
+    plain = []
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            plain.append({"cell_type": "raw", "source": ""})  # markdown: see shown_too_early
+            continue
+        outputs = [o for o in cell.get("outputs", ()) if not is_folded(o.get("data", {}))]
+        if cell.get("outputs") and not outputs:  # all it shows is folded
+            plain.append({"cell_type": "raw", "source": ""})
+            continue
+        source = original = _text(cell["source"])
+        tree = _parse(original)
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Call) and _call_name(node) == "show_engine_code":
+                source = source.replace(ast.get_source_segment(original, node) or "", "None")
+        plain.append({"cell_type": "code", "source": source, "outputs": outputs})
+    return [f"{v.notebook} cell {v.cell} {v.how} {v.part} unfolded: show it with course.show_engine_code"
+            for v in _violations(name, plain, exercise, ENGINE_PARTS.get(exercise, ()))]

@@ -77,6 +77,9 @@ def test_asking_for_a_parts_source_before_the_check_is_caught_and_after_it_allow
     helper = _code("def source(f):\n    return inspect.getsource(getattr(f, 'fn', f))")
     assert _found(helper, _code("display(Code(source(type(s).update_from_output)))"), CHECK) == [
         "1 asks for the source of Scheduler.update_from_output"]
+    # and so does course.show_engine_code, folded or not, for each part it names
+    assert _found(_code("course.show_engine_code(Scheduler.finish_requests, Scheduler.schedule)"), CHECK) == [
+        "0 asks for the source of Scheduler.schedule", "0 asks for the source of Scheduler.finish_requests"]
 
 
 def test_a_parts_source_in_an_output_or_a_markdown_cell_is_caught():

@@ -6,7 +6,7 @@
   CPU, bfloat16 or float16 on a GPU);
 - every notebook with an exercise continues with ``ex = course.working(ex)`` after its check;
 - answers (``course.answer``) are never stored, and what a "predict, then run" question reveals
-  opens folded (tag ``reveal``);
+  opens folded (tag ``reveal``; ``tests/course/test_folded_answers.py`` checks how);
 - no stored output (nor a markdown cell) holds a reference answer: no solution marker, no two
   consecutive significant lines of a ``solutions/`` answer; a cell that prints an exercise's code
   does it with ``course.show_code``, whose output is never stored;
@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import ast
+import html
 import re
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import nbformat
 import pytest
 
 from minivllm.course import answers
+from minivllm.course.display import is_folded
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
@@ -205,10 +207,13 @@ def test_every_answer_is_asked_for_by_its_notebook():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_revealing_cells_open_folded(path):
+    """Folded as one ``<details>`` output (``course.folded``), or at least, until its cell is
+    converted, in JupyterLab (``outputs_hidden``)."""
     for i, cell in enumerate(_cells(path)):
         if "reveal" in cell.metadata.get("tags", ()):
             assert cell.cell_type == "code", f"{path.name} cell {i}: only a code cell's output can be folded"
-            assert cell.metadata.get("jupyter", {}).get("outputs_hidden") is True, (
+            folded = all(is_folded(out.get("data", {})) for out in cell.outputs)
+            assert folded or cell.metadata.get("jupyter", {}).get("outputs_hidden") is True, (
                 f"{path.name} cell {i} is tagged reveal but its output opens unfolded (run scripts/run_notebooks.py)")
 
 
@@ -240,6 +245,9 @@ def test_lines_fit_the_page(path):
                 long.append(f"cell {i} prose ({len(line)}): {line[:60]}")
         for out in cell.get("outputs", ()):
             text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            if is_folded(out.get("data", {})):  # what it prints, folded: the lines of its <pre> blocks
+                page = "".join(out["data"]["text/html"])
+                text = html.unescape("\n".join(re.findall(r"<pre>(.*?)</pre>", page, re.S)))
             for line in "".join(text).splitlines():
                 if len(line) > OUTPUT_WIDTH:
                     long.append(f"cell {i} output ({len(line)}): {line[:60]}")
