@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 # Notebooks whose reveal cells still fold by JupyterLab's metadata only: each fails the rule (a
 # strict xfail, so that converting one and forgetting to take it off this list fails too).
-NOT_YET_FOLDED = {"10_cost_frontiers.ipynb"}
+NOT_YET_FOLDED: set[str] = set()
 FOLDING_CALL = re.compile(r"\bcourse\.(folded|show_engine_code)\(|\bcollapsed(_text)?\(")
 
 
