@@ -513,7 +513,7 @@ def test_auto_means_the_methods_measured_limit_on_a_cpu_and_none_on_a_gpu(config
     cfg = SpeculativeConfig.parse({**config, "num_speculative_tokens": 2})
     assert cfg.disable_by_batch_size == "auto"
     assert cfg.batch_limit("cpu") == CPU_DISABLE_BY_BATCH_SIZE[cfg.method] and cfg.batch_limit("cuda") is None
-    assert CPU_DISABLE_BY_BATCH_SIZE["draft_model"] > CPU_DISABLE_BY_BATCH_SIZE["ngram"]
+    assert set(CPU_DISABLE_BY_BATCH_SIZE) == {"ngram", "draft_model"}  # every method has its measured limit
 
 
 def test_the_default_pool_holds_a_draft_models_lookahead_with_one_seat():
