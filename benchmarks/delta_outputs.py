@@ -49,8 +49,8 @@ class StoryExecutor:
 
     def execute(self, out) -> ModelRunnerOutput:
         story, n = self.story, len(self.story)
-        return ModelRunnerOutput(sampled={
-            r.request_id: story[r.num_output_tokens % n] for r, s in zip(out.requests, out.sample, strict=True) if s})
+        return ModelRunnerOutput(new_token_ids={
+            r.request_id: [story[r.num_output_tokens % n]] for r, s in zip(out.requests, out.sample, strict=True) if s})
 
 
 @dataclass

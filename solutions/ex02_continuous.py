@@ -51,11 +51,12 @@ specification. Each says what must be true of a step, not how to get there:
    all or nothing: a request that cannot get room for all the tokens it needs does not fit. A
    waiting request holds no blocks. In this exercise's checks a running request always finds
    room; what to do when it does not is exercise 03 (raising an error that names it is fine).
-5. **Ends.** ``update_from_output(tokens)`` appends each sampled token (``tokens.sampled``:
-   request id -> token; ``tokens`` is a ``StepTokens``, whose other fields are speculative
-   decoding's and stay empty for a scheduler that schedules no drafts) to its request; a
-   request ends when ``check_stop(token, config.max_model_len)`` returns a status, with that
-   status. A request that has ended holds no blocks and no seat, and is in
+5. **Ends.** ``update_from_output(plan, new_token_ids)`` appends each request's new tokens
+   (``new_token_ids``: request id -> the list of tokens it got from the step -- one token here;
+   speculative decoding's steps give some requests several; ``plan``: the step's own plan) to
+   its request, in order; a request ends when ``check_stop(token, config.max_model_len)``
+   returns a status for a token it appended, with that status, and the tokens after that one
+   are dropped. A request that has ended holds no blocks and no seat, and is in
    none of the scheduler's collections, from the moment the call that ended it returns. The
    others keep their order. It returns the requests it ended, in any order.
 6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running
@@ -83,7 +84,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from minivllm.core.interfaces import KVCacheManagerInterface, StepTokens
+from minivllm.core.interfaces import KVCacheManagerInterface
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -162,18 +163,20 @@ class ContinuousScheduler:
         return out
         # END SOLUTION
 
-    def update_from_output(self, tokens: StepTokens) -> list[Request]:
-        """Append each sampled token (``tokens.sampled``: request id -> token) to its request,
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
+        """Append each request's new tokens (``new_token_ids``: request id -> tokens) to it,
         retire the requests that are done (policy 5) and return them."""
         # BEGIN SOLUTION
         finished = []
-        for rid, token in tokens.sampled.items():
+        for rid, tokens in new_token_ids.items():
             req = self.requests[rid]
-            req.all_token_ids.append(token)
-            status = req.check_stop(token, self.config.max_model_len)
-            if status is not None:
-                req.status = status
-                finished.append(req)
+            for token in tokens:
+                req.all_token_ids.append(token)
+                status = req.check_stop(token, self.config.max_model_len)
+                if status is not None:
+                    req.status = status
+                    finished.append(req)
+                    break
         for req in finished:
             self.running.remove(req)
             self.kv.free(req)

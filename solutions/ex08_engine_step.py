@@ -21,8 +21,8 @@ yours; their docstrings say more):
   included), ``plan.sampling_requests`` (those that sample a token in this step) and
   ``plan.preempted``; it sets ``plan.forks``, a ``dict`` from leader id to that leader's waiting
   siblings (a ``list[Request]``; S1 says which leaders).
-- ``self.scheduler.update_from_output(StepTokens(tokens)) -> list[Request]`` (``tokens``:
-  request id -> token): appends the tokens, applies the stop rules, frees the blocks of the
+- ``self.scheduler.update_from_output(plan, tokens) -> list[Request]`` (``tokens``: request
+  id -> the list of tokens it gets): appends the tokens, applies the stop rules, frees the blocks of the
   requests that end, and returns those. ``self.scheduler.fork_request(leader, sibling)``: starts
   a waiting sibling beside its leader, on the leader's blocks, ``RUNNING`` if a seat is free,
   else ``WAITING``. ``self.scheduler.requests`` (id -> request, the live ones),
@@ -31,7 +31,8 @@ yours; their docstrings say more):
   ``self.kv.discard_unwritten_blocks()``: they never will. ``self.kv.num_free_blocks``,
   ``num_blocks``.
 - ``self.executor.execute(plan) -> ModelRunnerOutput``, which may raise; the result has
-  ``sampled`` (request id -> token, siblings in ``plan.forks`` included), ``failed`` (request id
+  ``new_token_ids`` (request id -> its new tokens, a list: one token sampled from its row;
+  siblings in ``plan.forks`` included), ``failed`` (request id
   -> message: rows that could not be sampled), ``logprobs`` and ``prompt_logprobs``.
 - ``self.begin_step(plan)``: what every plan tells the executor before it runs.
   ``self.pending_siblings``: leader id -> its siblings still waiting to start (``fork_request``
@@ -42,7 +43,7 @@ yours; their docstrings say more):
 - ``self.stats.record_step(self.scheduler, plan, start, duration, *, prefix_cache_queries=0,
   prefix_cache_hits=0, num_forked_tokens=0)``: the step's ``StepStats``, read off the scheduler
   and its KV cache manager as they are when it is called (C2).
-- ``StepOutput(plan, start_time, end_time, sampled={}, finished=[], failed={}, logprobs={},
+- ``StepOutput(plan, start_time, end_time, new_token_ids={}, finished=[], failed={}, logprobs={},
   prompt_logprobs={})``, a dataclass: what ``run_step`` returns (C1).
   ``EngineStalledError(message)`` (S4). ``RequestStatus.FINISHED_ERROR``. A request's
   ``request_id``, ``num_tokens``, ``num_computed_tokens``, ``status``, ``is_finished``,
@@ -62,7 +63,7 @@ S1. One plan per step, run once, and complete when it runs: ``begin_step`` has s
     ``plan.forks`` maps every leader that samples in this step and still has siblings waiting to
     those siblings (the executor draws their first tokens from the leader's row).
 S2. Each request of the step that got a token has it appended, once, and the step's tokens
-    reach the scheduler together: the tokens are ``result.sampled`` or, with ``choose_tokens``
+    reach the scheduler together: the tokens are ``result.new_token_ids`` or, with ``choose_tokens``
     (beam search), ``choose_tokens(plan, result)``.
 S3. Before any token of the step is appended, every waiting sibling of a leader that got its
     token has started beside it, once (leaders in the plan's order, siblings in theirs), unless
@@ -84,7 +85,7 @@ F3. An interrupt (``KeyboardInterrupt``, or any other ``BaseException`` that is 
     ``Exception``) leaves everything as F2 does, the step recorded, and then goes on up.
 
 To the caller
-C1. The output: ``StepOutput(plan, start, end, sampled=<the tokens appended>,
+C1. The output: ``StepOutput(plan, start, end, new_token_ids=<the tokens appended>,
     finished=<every request that ended in the step>, failed=<request id -> message>,
     logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)``.
 C2. Statistics: one ``record_step`` per step, failed or not, describing the engine as the step
@@ -105,11 +106,11 @@ C4. Every request the step ends is recorded once as finished (``record_finish(re
     request is the clock when it ended.
 
 One step, for example: the plan is ``a`` (decoding), ``p`` (the last token of its prompt; ``n =
-2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns ``sampled = {a: 11,
-p: 4, p#1: 9}`` and ``failed = {c: "logits are not finite"}``. After the step ``c`` has ended
+2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns
+``new_token_ids = {a: [11], p: [4], p#1: [9]}`` and ``failed = {c: "logits are not finite"}``. After the step ``c`` has ended
 with an error and no token, ``p#1`` runs beside ``p`` on ``p``'s blocks, ``a``, ``p`` and ``p#1``
 have one more token each (``p`` and ``p#1`` their first: their ``first_token_time`` is the
-step's end), the output holds ``sampled = {a: 11, p: 4, p#1: 9}``, ``finished = [c]``,
+step's end), the output holds ``new_token_ids = {a: [11], p: [4], p#1: [9]}``, ``finished = [c]``,
 ``failed = {c: "logits are not finite"}``, and one ``StepStats`` describes the engine after it.
 
 The checks run your class and minivllm's ``EngineCore`` side by side over minivllm's scheduler
@@ -124,7 +125,6 @@ from __future__ import annotations
 
 import logging
 
-from minivllm.core.interfaces import StepTokens
 from minivllm.course.engine_core_base import (
     EngineCoreBase,
     EngineStalledError,
@@ -146,7 +146,7 @@ class StepLoop(EngineCoreBase):
         ``StepOutput``.
 
         ``choose_tokens(plan, result)``, when given (beam search), returns the tokens to append
-        in place of ``result.sampled``."""
+        in place of ``result.new_token_ids``."""
         # BEGIN SOLUTION
         sched, kv, waiting = self.scheduler, self.kv, self.pending_siblings
         start = self.clock()
@@ -191,7 +191,7 @@ class StepLoop(EngineCoreBase):
         step_out.logprobs, step_out.prompt_logprobs = result.logprobs, result.prompt_logprobs
         fail(result.failed)
         for leader_id, kids in plan.forks.items():
-            if leader_id not in result.sampled or leader_id in step_out.failed:
+            if leader_id not in result.new_token_ids or leader_id in step_out.failed:
                 continue
             waiting.pop(leader_id, None)
             leader = sched.requests[leader_id]
@@ -201,9 +201,9 @@ class StepLoop(EngineCoreBase):
                 sched.fork_request(leader, kid)
                 if kid.status is RequestStatus.RUNNING:  # seated: it shares the leader's prompt
                     forked += leader.num_computed_tokens
-        tokens = result.sampled if choose_tokens is None else choose_tokens(plan, result)
+        tokens = result.new_token_ids if choose_tokens is None else choose_tokens(plan, result)
         tokens = {rid: token for rid, token in tokens.items() if rid not in step_out.failed}
-        finished = sched.update_from_output(StepTokens(tokens))
+        finished = sched.update_from_output(plan, tokens)
         end = self.clock()
         # a request that finished at its first token has left the scheduler: find it here
         stepped = {r.request_id: r for r in plan.requests}
@@ -216,7 +216,7 @@ class StepLoop(EngineCoreBase):
                     req.first_scheduled_time = start
         for req in finished:  # after the first-token times: the statistics keep what they read
             self.record_finish(req, end)
-        step_out.sampled = tokens
+        step_out.new_token_ids = tokens
         step_out.finished.extend(finished)
         record(end)
         if not (plan.requests or plan.preempted or finished) and sched.has_unfinished_requests():

@@ -180,11 +180,11 @@ class _BeamSearch:
             self.pending.pop(rid, None)
         g.beams, g.done, g.error = [], True, message
 
-    def choose_tokens(self, out, result) -> dict[str, int]:
+    def choose_tokens(self, out, result) -> dict[str, list[int]]:
         """The step's token chooser: rank each prompt whose beams all have candidates (a beam
         whose row failed has none, so its prompt waits for :meth:`run` to fail it)."""
         self.pending.update(result.logprobs)
-        tokens: dict[str, int] = {}
+        tokens: dict[str, list[int]] = {}
         for g in self.groups_ready():
             tokens.update(self.advance(g))
         return tokens
@@ -197,7 +197,7 @@ class _BeamSearch:
                 ready[id(g)] = g
         return [g for g in ready.values() if all(b.request_id in self.pending for b, _ in g.beams)]
 
-    def advance(self, g: _Group) -> dict[str, int]:
+    def advance(self, g: _Group) -> dict[str, list[int]]:
         """One beam-search step for one prompt: choose continuations, fork, free, finish."""
         k, keep, params = self.k, self.keep, self.params
         n_prompt = len(g.prompt_ids)
@@ -232,14 +232,14 @@ class _BeamSearch:
             return {}
         return tokens
 
-    def _fork_survivors(self, g: _Group, survivors) -> dict[str, int]:
+    def _fork_survivors(self, g: _Group, survivors) -> dict[str, list[int]]:
         """A beam chosen once continues in place; chosen again, it forks (sharing its blocks).
         Beams nobody chose end. Returns the token each surviving beam appends."""
         chosen = {beam for _, beam, _ in survivors}  # end the others first: forks need their seats
         self.core.abort_requests([b.request_id for i, (b, _) in enumerate(g.beams) if i not in chosen])
         used: set[int] = set()
         new_beams: list[tuple[Request, float]] = []
-        tokens: dict[str, int] = {}
+        tokens: dict[str, list[int]] = {}
         for score, beam, token in survivors:
             parent = g.beams[beam][0]
             req = parent
@@ -249,7 +249,7 @@ class _BeamSearch:
                 self.core.scheduler.fork_request(parent, req)
                 self.group_of[req.request_id] = g
             used.add(beam)
-            tokens[req.request_id] = token
+            tokens[req.request_id] = [token]
             new_beams.append((req, score))
         g.beams = new_beams
         return tokens

@@ -64,12 +64,10 @@ def step_deltas(core: EngineCore, step_out: StepOutput) -> list[RequestDelta]:
             d = deltas[rid] = RequestDelta(rid, [], num_cached_tokens=req.num_cached_tokens if req else 0)
         return d
 
-    logprobs, accepted = step_out.logprobs, step_out.accepted
-    for rid, token in step_out.sampled.items():
+    logprobs = step_out.logprobs
+    for rid, tokens in step_out.new_token_ids.items():
         d = delta(rid)
-        if accepted and rid in accepted:  # speculative decoding: the drafts it accepted first
-            d.new_token_ids.extend(accepted[rid])
-        d.new_token_ids.append(token)
+        d.new_token_ids.extend(tokens)
         entry = logprobs.get(rid)
         if entry is not None:
             d.new_logprobs = [entry]

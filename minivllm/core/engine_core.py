@@ -6,8 +6,8 @@
                         the simulator's cost model: a clock, placeholder tokens
     commit            blocks the step filled join the prefix cache (their K/V now exists)
     fork              n > 1: the siblings of a request that sampled its first token fork off it
-    update            the scheduler appends the tokens (StepTokens: speculative decoding's
-                      verdicts included), applies the stop rules, frees finished requests
+    update            the scheduler appends each request's new tokens (accepted drafts first,
+                      under speculative decoding), applies the stop rules, frees finished requests
     record            one StepStats, request timestamps: the same code for engine and simulator
     report            the step's StepOutput goes to every step listener
 
@@ -47,7 +47,6 @@ from minivllm.core.interfaces import (
     Logprobs,
     ModelRunnerOutput,
     SchedulerInterface,
-    StepTokens,
 )
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.metrics import EngineStats
@@ -55,7 +54,7 @@ from minivllm.request import Request, RequestStatus
 
 logger = logging.getLogger("minivllm")
 
-TokenChooser = Callable[[SchedulerOutput, ModelRunnerOutput], dict[str, int]]
+TokenChooser = Callable[[SchedulerOutput, ModelRunnerOutput], dict[str, list[int]]]
 StepListener = Callable[["StepOutput"], None]
 
 
@@ -68,23 +67,21 @@ class StepOutput:
     """What one engine step did (vLLM hands the same over as one step's ``EngineCoreOutputs``).
 
     ``scheduler_output``: the step's plan; ``start_time`` / ``end_time`` on the core's clock;
-    ``sampled``: request id -> the token appended this step; ``finished``: requests that ended
-    in this step (stop token, length, a failed row, a failed step); ``failed``: request id ->
-    error message for those that ended with an error; ``logprobs`` / ``prompt_logprobs`` as the
-    executor returned them; ``accepted``: speculative decoding, request id -> the tokens appended
-    before ``sampled[request id]`` this step (accepted drafts), so that a request's new tokens are
-    ``accepted.get(rid, []) + [sampled[rid]]``.
+    ``new_token_ids``: request id -> the tokens appended to it this step (one; under speculative
+    decoding the drafts it kept first; a stop rule may have cut them short); ``finished``:
+    requests that ended in this step (stop token, length, a failed row, a failed step);
+    ``failed``: request id -> error message for those that ended with an error; ``logprobs`` /
+    ``prompt_logprobs`` as the executor returned them.
     """
 
     scheduler_output: SchedulerOutput
     start_time: float
     end_time: float
-    sampled: dict[str, int] = field(default_factory=dict)
+    new_token_ids: dict[str, list[int]] = field(default_factory=dict)
     finished: list[Request] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, list] = field(default_factory=dict)
-    accepted: dict[str, list[int]] = field(default_factory=dict)
 
 
 class EngineCoreBase:
@@ -151,7 +148,7 @@ class EngineCoreBase:
     def run_step(self, choose_tokens: TokenChooser | None = None) -> StepOutput:
         """One step of the loop: the subclass's. ``choose_tokens`` (beam search) may replace the
         sampled tokens: it gets the plan and the executor's output and returns
-        ``{request_id: token}`` to append (a request left out gets no token this step)."""
+        ``{request_id: [token, ...]}`` to append (a request left out gets no token this step)."""
         raise NotImplementedError(f"{type(self).__name__} must define run_step(): the step loop is the subclass's")
 
     def begin_step(self, out: SchedulerOutput) -> None:
@@ -272,16 +269,15 @@ class EngineCore(EngineCoreBase):
         if result.failed:
             self._fail_requests(result.failed, step_out)
         counts.forked = self._fork_siblings(out, result)
-        sampled = result.sampled if choose_tokens is None else choose_tokens(out, result)
+        new = result.new_token_ids if choose_tokens is None else choose_tokens(out, result)
         if step_out.failed:
-            sampled = {rid: t for rid, t in sampled.items() if rid not in step_out.failed}
-        finished = self._update(out, result, sampled, step_out, counts)
+            new = {rid: t for rid, t in new.items() if rid not in step_out.failed}
+        finished = self._update(out, new, step_out, counts)
         if result.draft_token_ids:
             sched.update_draft_token_ids(result.draft_token_ids)
         now = self.clock()
         step_out.end_time = now
-        step_out.sampled = sampled
-        self._stamp_first_tokens(out, sampled, start, now)
+        self._stamp_first_tokens(out, new, start, now)
         for req in finished:
             self.record_finish(req, now)
         step_out.finished.extend(finished)
@@ -290,25 +286,25 @@ class EngineCore(EngineCoreBase):
             raise EngineStalledError(self._stall_message())
         return step_out
 
-    def _update(self, out: SchedulerOutput, result: ModelRunnerOutput, sampled: dict[str, int],
-                step_out: StepOutput, counts: _PlanCounts) -> list[Request]:
-        """The scheduler appends the step's tokens (``update_from_output``). After a step that
-        verified drafts, ``step_out.accepted`` reports the drafts really appended before each
-        request's last token (a stop rule may have cut them), and the step counts its drafts."""
-        accepted = {rid: a for rid, a in result.accepted_draft_tokens.items() if rid in sampled}
-        if not accepted:
-            return self.scheduler.update_from_output(StepTokens(sampled))
+    def _update(self, out: SchedulerOutput, new: dict[str, list[int]], step_out: StepOutput,
+                counts: _PlanCounts) -> list[Request]:
+        """The scheduler appends the step's tokens (``update_from_output``); ``step_out`` reports
+        the tokens really appended (a stop rule may cut a request's drafts short). After a step
+        that verified drafts, the step counts its drafts and the ones accepted."""
+        step_out.new_token_ids = new
         spec = out.spec_token_ids
-        verified = {rid: len(spec.get(rid, ())) for rid in accepted}
-        by_id = {r.request_id: r for r in out.requests if r.request_id in accepted}
-        before = {rid: req.num_tokens for rid, req in by_id.items()}
-        finished = self.scheduler.update_from_output(StepTokens(sampled, accepted, verified))
-        for rid, req in by_id.items():
-            appended = req.all_token_ids[before[rid]:]
-            sampled[rid] = appended[-1]
-            step_out.accepted[rid] = appended[:-1]
-        counts.drafts = sum(verified.values())
-        counts.accepted = sum(len(a) for a in accepted.values())
+        if not spec:
+            return self.scheduler.update_from_output(out, new)
+        verified = [rid for rid in spec if rid in new]
+        counts.drafts = sum(len(spec[rid]) for rid in verified)
+        counts.accepted = sum(len(new[rid]) - 1 for rid in verified)
+        by_id = {r.request_id: r for r in out.requests if r.request_id in new}
+        before = {rid: by_id[rid].num_tokens for rid in verified if len(new[rid]) > 1}
+        finished = self.scheduler.update_from_output(out, new)
+        if before:
+            step_out.new_token_ids = new = dict(new)
+            for rid, n in before.items():
+                new[rid] = by_id[rid].all_token_ids[n:]
         return finished
 
     def _fork_siblings(self, out: SchedulerOutput, result: ModelRunnerOutput) -> int:
@@ -317,7 +313,7 @@ class EngineCore(EngineCoreBase):
         forked = 0
         for leader_id, kids in out.forks.items():
             leader = self.scheduler.requests.get(leader_id)
-            if leader is None or leader_id not in result.sampled:
+            if leader is None or leader_id not in result.new_token_ids:
                 continue  # its row failed: the siblings were failed with it
             self.forks.take(leader_id)
             for kid in kids:
@@ -348,7 +344,7 @@ class EngineCore(EngineCoreBase):
         counts.record(self, start, step_out.end_time)
         return step_out
 
-    def _stamp_first_tokens(self, out: SchedulerOutput, sampled: dict[str, int], start: float, now: float) -> None:
+    def _stamp_first_tokens(self, out: SchedulerOutput, sampled: dict[str, list[int]], start: float, now: float) -> None:
         """A request that got its first token in this step gets its first-token time (and a
         sibling forked in this step its first-scheduled time), on the request."""
         # the step's requests and the siblings it forked: one that finished at its first token

@@ -126,31 +126,14 @@ class SpeculativeKVCacheManager(KVCacheManagerInterface, Protocol):
         ...
 
 
-@dataclass(slots=True)
-class StepTokens:
-    """What one step gives the scheduler to append (:meth:`SchedulerInterface.update_from_output`).
-
-    ``sampled``: request id -> the token drawn from its last row, for every request that sampled
-    (fork children included). Speculative decoding adds, for a request that verified drafts:
-    ``accepted_drafts[rid]``, the drafts the target accepted, appended *before* ``sampled[rid]``,
-    and ``num_draft_tokens[rid]``, how many drafts it verified -- the verdicts: the first
-    ``len(accepted_drafts[rid])`` were accepted, the rest rejected, and the K/V the step wrote for
-    the rejected ones is not the request's. The stop rules apply to every token appended; tokens
-    after a stop are dropped.
-    """
-
-    sampled: dict[str, int]
-    accepted_drafts: dict[str, list[int]] = field(default_factory=dict)
-    num_draft_tokens: dict[str, int] = field(default_factory=dict)
-
-
 @runtime_checkable
 class SchedulerInterface(Protocol):
     """Decides, every step, which requests compute how many tokens.
 
     ``schedule()`` returns the step's :class:`SchedulerOutput` (and advances each scheduled
-    request's ``num_computed_tokens``); ``update_from_output`` appends the step's tokens
-    (:class:`StepTokens`), applies the stop rules, frees finished requests and returns them. Committing the step's
+    request's ``num_computed_tokens``); ``update_from_output(plan, new_token_ids)`` appends the
+    step's tokens (request id -> the tokens it got, as :class:`ModelRunnerOutput` holds them),
+    applies the stop rules to each token, frees finished requests and returns them. Committing the step's
     blocks to the prefix cache is the step loop's, not the scheduler's; the statistics (tokens
     per phase, prefix-cache hits) are read off the plan, so a scheduler keeps none.
     """
@@ -166,7 +149,10 @@ class SchedulerInterface(Protocol):
 
     def schedule(self) -> SchedulerOutput: ...
 
-    def update_from_output(self, tokens: StepTokens) -> list[Request]: ...
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
+        """Append each request's new tokens (``plan``: the step's own plan), one by one under the
+        stop rules (tokens after a stop are dropped); return the requests that ended."""
+        ...
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests from outside (abort, a stop string, an error); frees their blocks."""
@@ -224,24 +210,23 @@ class Logprobs:
 class ModelRunnerOutput:
     """What an executor returns for one step.
 
-    ``sampled``: request id -> sampled token, for every request that sampled (fork children
-    included); ``logprobs``: request id -> :class:`Logprobs` of the sampled token (requests that
-    asked for them); ``prompt_logprobs``: request id -> ``(index of the first prompt token
-    covered, one entry per prompt token)`` for the prompt rows computed this step (``None`` for
-    the very first prompt token, which has no prediction); ``failed``:
-    request id -> error message, for requests whose row could not be sampled (non-finite
-    logits, say). A failed request gets no token.
-
-    Speculative decoding adds ``accepted_draft_tokens``: request id -> the drafts it verified
-    and accepted this step (possibly none), which come *before* ``sampled[request id]``; and
-    ``draft_token_ids``: request id -> the drafts proposed for its next step.
+    ``new_token_ids``: request id -> the tokens it gets from this step, for every request that
+    sampled (fork children included): one token, the one sampled from its last row; under
+    speculative decoding, the drafts the target accepted and then that token (the drafts it
+    verified are ``plan.spec_token_ids[request id]``: the first ``len(new_token_ids) - 1`` were
+    accepted, the rest rejected). ``logprobs``: request id -> :class:`Logprobs` of its last new
+    token (requests that asked for them); ``prompt_logprobs``: request id -> ``(index of the first
+    prompt token covered, one entry per prompt token)`` for the prompt rows computed this step
+    (``None`` for the very first prompt token, which has no prediction); ``failed``: request id
+    -> error message, for requests whose row could not be sampled (non-finite logits, say). A
+    failed request gets no token. ``draft_token_ids``: speculative decoding, request id -> the
+    drafts proposed for its next step.
     """
 
-    sampled: dict[str, int] = field(default_factory=dict)
+    new_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[Logprobs | None]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
-    accepted_draft_tokens: dict[str, list[int]] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from minivllm.core.interfaces import ForkingKVCacheManager, StepTokens
+from minivllm.core.interfaces import ForkingKVCacheManager
 from minivllm.core.policies import POLICIES, FCFSPolicy, make_policy
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -123,12 +123,14 @@ class SchedulerBase:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
 
-    def update_from_output(self, tokens: StepTokens) -> list[Request]:
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
         """Append each request's new tokens, apply stop rules, free finished requests.
 
-        ``tokens.sampled`` maps request id -> token for the requests that sampled this step
-        (after the drafts it accepted, ``tokens.accepted_drafts``, under speculative decoding).
-        Returns the requests that finished. A request that verified drafts keeps only the K/V of
+        ``new_token_ids`` maps request id -> the tokens it got this step (one; under speculative
+        decoding the drafts it accepted, then the token sampled after them), for the requests
+        that sampled in ``plan``. The stop rules apply to each token in turn: a token that ends
+        the request is its last, and the ones after it are dropped. Returns the requests that
+        finished. A request that verified drafts (``plan.spec_token_ids``) keeps only the K/V of
         the tokens it kept: its ``num_computed_tokens`` goes back to its last kept token and the
         blocks past what its next step needs are trimmed (:meth:`_roll_back`). (Committing the
         step's filled blocks to the prefix cache is the step loop's: ``EngineCore.step``, or
@@ -137,24 +139,23 @@ class SchedulerBase:
         max_len = self.config.max_model_len
         requests = self.requests
         finished: list[Request] = []
-        accepted = tokens.accepted_drafts
-        for rid, token in tokens.sampled.items():
+        for rid, tokens in new_token_ids.items():
             req = requests[rid]
-            if accepted and rid in accepted and self._append_accepted(req, accepted[rid], finished):
-                continue  # an accepted draft ended it: the sampled token after it is dropped
             all_tokens = req.all_token_ids
-            all_tokens.append(token)
-            # cheap test first (a stop token, or the length limit); check_stop has the details
-            n = len(all_tokens)
-            if token in req.stop_token_set or n >= req.length_limit or n >= max_len:
-                status = req.check_stop(token, max_len)
-                if status is not None:
-                    if req.status is RequestStatus.WAITING:  # a fork that is waiting for a seat
-                        self._remove_waiting({rid})
-                    req.status = status
-                    finished.append(req)
-        if tokens.num_draft_tokens:
-            self._roll_back(tokens.num_draft_tokens)
+            for token in tokens:
+                all_tokens.append(token)
+                # cheap test first (a stop token, or the length limit); check_stop has the details
+                n = len(all_tokens)
+                if token in req.stop_token_set or n >= req.length_limit or n >= max_len:
+                    status = req.check_stop(token, max_len)
+                    if status is not None:
+                        if req.status is RequestStatus.WAITING:  # a fork that is waiting for a seat
+                            self._remove_waiting({rid})
+                        req.status = status
+                        finished.append(req)
+                        break
+        if plan.spec_token_ids:
+            self._roll_back(plan.spec_token_ids)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]
@@ -162,25 +163,13 @@ class SchedulerBase:
                 self._release(r)
         return finished
 
-    def _append_accepted(self, req: Request, tokens: list[int], finished: list[Request]) -> bool:
-        """Append accepted drafts one by one under the stop rules; whether one ended ``req``."""
-        max_len = self.config.max_model_len
-        for token in tokens:
-            req.all_token_ids.append(token)
-            status = req.check_stop(token, max_len)
-            if status is not None:
-                req.status = status
-                finished.append(req)
-                return True
-        return False
-
-    def _roll_back(self, num_draft_tokens: dict[str, int]) -> None:
+    def _roll_back(self, verified: dict[str, list[int]]) -> None:
         """After a step that verified drafts: a request's K/V is valid up to its last kept token
         (the token sampled last has none yet), so ``num_computed_tokens`` goes back to there
         (the rejected drafts' slots are written again later) and the blocks past what its next
         step needs return to the pool (``SpeculativeKVCacheManager.trim``)."""
         keep = max(1, self.config.num_lookahead_tokens)
-        for rid in num_draft_tokens:
+        for rid in verified:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue

@@ -13,7 +13,6 @@ Each admitted request reserves KV room for its worst case (prompt + ``max_tokens
 
 from __future__ import annotations
 
-from minivllm.core.interfaces import StepTokens
 from minivllm.core.scheduler import SchedulerBase, SchedulerConfig, SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
@@ -78,8 +77,8 @@ class StaticBatchScheduler(SchedulerBase):
                 r.num_computed_tokens += 1
         return out
 
-    def update_from_output(self, tokens: StepTokens) -> list[Request]:
-        finished = super().update_from_output(tokens)
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
+        finished = super().update_from_output(plan, new_token_ids)
         self._end_batch_if_done()
         return finished
 

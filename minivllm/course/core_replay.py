@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from minivllm.core.engine_core import EngineCore, EngineStalledError
-from minivllm.core.interfaces import StepTokens
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
@@ -85,9 +84,9 @@ class LoggingScheduler(Scheduler):
         self._log("schedule")
         return super().schedule()
 
-    def update_from_output(self, tokens: StepTokens) -> list[Request]:
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
         self._log("update")
-        return super().update_from_output(tokens)
+        return super().update_from_output(plan, new_token_ids)
 
 
 class NeverSchedules(LoggingScheduler):

@@ -136,7 +136,7 @@ class StepRecord:
     computed: list[int]
     tables: list[list[int]]
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) block copies before the step
-    tokens: dict[str, int]  # request -> the token appended (StepOutput.sampled)
+    tokens: dict[str, list[int]]  # request -> the tokens appended (StepOutput.new_token_ids)
     preempted: list[str]
     finished: list[str]  # requests that ended in this step, in the order they ended
     statuses: dict[str, str]  # finished request -> its status
@@ -363,7 +363,7 @@ class TraceRun:
         """The step listener: one record from what the step planned and did."""
         out = core_out.scheduler_output
         statuses = {r.request_id: r.status.name for r in core_out.finished}
-        rec = self._make_record(out.decisions(), dict(core_out.sampled),
+        rec = self._make_record(out.decisions(), {rid: list(t) for rid, t in core_out.new_token_ids.items()},
                                 [r.request_id for r in out.preempted], statuses, core_out.failed,
                                 (core_out.start_time, core_out.end_time), None, out, core_out)
         self.steps.append(rec)
@@ -481,7 +481,7 @@ WHAT = {
     "computed": "tokens each batch entry had computed (or found in the prefix cache) before the step",
     "copies": "copy-on-write (src, dst) block copies",
     "sampled": "requests that sample a token",
-    "tokens": "StepOutput.sampled (the tokens appended)",
+    "tokens": "StepOutput.new_token_ids (the tokens appended)",
     "preempted": "requests preempted",
     "failed": "StepOutput.failed (request id -> message)",
     "ended": "requests that ended, (request, status)",

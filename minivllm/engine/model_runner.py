@@ -125,8 +125,7 @@ class ModelRunner:
         if verifying:
             self._verify_drafts(hidden, verifying, result)
         if self.speculative is not None:
-            emitted = {rid: [*result.accepted_draft_tokens.get(rid, ()), tok] for rid, tok in result.sampled.items()}
-            result.draft_token_ids = self.speculative.propose(out, emitted)
+            result.draft_token_ids = self.speculative.propose(out, result.new_token_ids)
         return result
 
     def _sample_rows(self, hidden: torch.Tensor, rows: list[int], sampling: list[Request], out: SchedulerOutput,
@@ -149,7 +148,7 @@ class ModelRunner:
             if i in failed:
                 result.failed[req.request_id] = failed[i]
             elif req.request_id not in result.failed:  # its prompt logprobs may have failed
-                result.sampled[req.request_id] = tokens[i]
+                result.new_token_ids[req.request_id] = [tokens[i]]
 
     def _verify_drafts(self, hidden: torch.Tensor, verifying: list[tuple[Request, list[int], int]],
                        result: ModelRunnerOutput) -> None:
@@ -162,9 +161,7 @@ class ModelRunner:
         except Exception as err:  # noqa: BLE001 - these requests' own failure
             emitted, failed = {}, {req.request_id: _describe(err) for req, _ in entries}
         result.failed.update(failed)
-        for rid, tokens in emitted.items():
-            result.sampled[rid] = tokens[-1]
-            result.accepted_draft_tokens[rid] = tokens[:-1]
+        result.new_token_ids.update(emitted)
 
     def _sample(self, logits: torch.Tensor, sampling: list[Request]) -> tuple[list[int], dict[int, str]]:
         """The sampler over ``logits [N, V]``; if it raises, each row alone, so that the error

@@ -103,14 +103,16 @@ class ModelFreeExecutor:
             self._draw(out, call, result, set(failing or ()))
         else:  # the simulator's case, once per simulated step: the placeholder for every row
             token, forks = self.placeholder_token, out.forks
-            sampled = result.sampled = {r.request_id: token for r, s in zip(out.requests, out.sample) if s}
+            new = result.new_token_ids = {r.request_id: [token] for r, s in zip(out.requests, out.sample) if s}
             for leader, kids in forks.items() if forks else ():
-                if leader in sampled:
-                    sampled.update((kid.request_id, token) for kid in kids)
+                if leader in new:
+                    new.update((kid.request_id, [token]) for kid in kids)
         if self.cost_model is not None:
             cost = self.cost_model.step_cost(scheduled_rows(out))
             if self.drafts is not None:  # drafts for the plan's requests (a fork's come later)
-                result.accepted_draft_tokens, result.draft_token_ids, draft_time = self.drafts.step(out, result.sampled)
+                accepted, result.draft_token_ids, draft_time = self.drafts.step(out, result.new_token_ids)
+                for rid, drafts in accepted.items():  # the accepted drafts come before the token
+                    result.new_token_ids[rid] = drafts + result.new_token_ids[rid]
                 cost = dataclasses.replace(cost, draft_time=draft_time)
             self.step_costs.append(cost)
             self.now += cost.time
@@ -130,11 +132,12 @@ class ModelFreeExecutor:
                     result.failed[rid] = f"row of {req.request_id} is not finite (step {call})"
                     if kids or not self.faults.token_for_failed_rows:
                         continue
-                result.sampled[rid] = token
+                result.new_token_ids[rid] = [token]
 
     @staticmethod
     def _add_logprobs(out: SchedulerOutput, result: ModelRunnerOutput) -> None:
-        for rid, token in result.sampled.items():
+        for rid, tokens in result.new_token_ids.items():
+            token = tokens[-1]
             result.logprobs[rid] = Logprobs(token, -0.25 * (token + 1), token + 1, [(token, -0.25)])
         for req, computed in zip(out.requests, out.num_computed, strict=True):
             if computed == 0:

@@ -65,8 +65,8 @@ class SimulatedDrafts:
             m += 1
         return m
 
-    def step(self, out: SchedulerOutput, sampled: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list[int]],
-                                                                           float]:
+    def step(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> tuple[dict[str, list[int]],
+                                                                                 dict[str, list[int]], float]:
         """``(accepted drafts, drafts for the next step, seconds of draft-model passes)``."""
         for rid in (*out.finished_req_ids, *(r.request_id for r in out.preempted)):
             self._draft_kv.pop(rid, None)  # ended, or back to the queue: its draft K/V is gone

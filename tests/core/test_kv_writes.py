@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from minivllm.config import EngineArgs, build_scheduler
 from minivllm.core.engine_core import EngineCore
-from minivllm.core.interfaces import ModelRunnerOutput, StepTokens
+from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_write_tracker import KVWriteTracker
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
@@ -32,11 +32,11 @@ class RandomTokens:
         self.rng = random.Random(seed)
 
     def execute(self, out) -> ModelRunnerOutput:
-        sampled = {r.request_id: self.rng.randrange(4) for r in out.sampling_requests}
+        sampled = {r.request_id: [self.rng.randrange(4)] for r in out.sampling_requests}
         for leader, kids in out.forks.items():
             if leader in sampled:
-                sampled.update((k.request_id, self.rng.randrange(4)) for k in kids)
-        return ModelRunnerOutput(sampled=sampled)
+                sampled.update((k.request_id, [self.rng.randrange(4)]) for k in kids)
+        return ModelRunnerOutput(new_token_ids=sampled)
 
 
 PREFIXES = ([], [1, 2, 3, 1, 2, 3, 1, 2], [5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 3, 3])
@@ -137,7 +137,7 @@ def priority_preemption_after_a_prefix_hit(kv) -> list[str]:
             tracker.check_step(out)
         except AssertionError as err:
             problems.append(str(err))
-        sched.update_from_output(StepTokens({r.request_id: 1 for r in out.sampling_requests}))
+        sched.update_from_output(out, {r.request_id: [1] for r in out.sampling_requests})
         return out
 
     sched.add_request(Request("long", prefix + [1, 2, 3], params, priority=9, arrival_time=0.0))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.core.interfaces import StepTokens
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
@@ -29,7 +28,7 @@ def add(s, rid, n_prompt, max_tokens=8, priority=0, t=0.0):
 
 def step(s):
     out = s.schedule()
-    s.update_from_output(StepTokens({r.request_id: 5 for r in out.sampling_requests}))
+    s.update_from_output(out, {r.request_id: [5] for r in out.sampling_requests})
     s.kv.check_invariants(s.live_request_ids())
     return out
 

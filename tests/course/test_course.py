@@ -179,7 +179,7 @@ def test_load_gives_a_fresh_module_each_time():
 # exercise 08's step, in pieces that the mutants below move around
 _EX08_COMMIT = "        kv.commit_written_blocks()  # the K/V exists now, and nothing of the step is freed yet\n"
 _EX08_EXEC = "        try:\n            result = self.executor.execute(plan)\n"
-_EX08_UPDATE = "        finished = sched.update_from_output(StepTokens(tokens))\n        end = self.clock()\n"
+_EX08_UPDATE = "        finished = sched.update_from_output(plan, tokens)\n        end = self.clock()\n"
 _EX08_STAMP_SCHEDULED = ("        for req in plan.requests:\n            if req.first_scheduled_time is None:\n"
                          "                req.first_scheduled_time = start\n")
 _EX08_FINISH = ("        for req in finished:  # after the first-token times: the statistics keep what they read\n"
@@ -694,8 +694,8 @@ MUTANTS = [
     # ex08: statistics recorded before the update (batch and blocks of requests about to finish)
     ("ex08_engine_step", _EX08_UPDATE, "        end = self.clock()\n        record(end)\n" + _EX08_UPDATE),
     # ex08: beam search's chooser ignored
-    ("ex08_engine_step", "tokens = result.sampled if choose_tokens is None else choose_tokens(plan, result)",
-     "tokens = result.sampled"),
+    ("ex08_engine_step", "tokens = result.new_token_ids if choose_tokens is None else choose_tokens(plan, result)",
+     "tokens = result.new_token_ids"),
     # ex08: the executor's log-probabilities dropped
     ("ex08_engine_step", "        step_out.logprobs, step_out.prompt_logprobs = result.logprobs, result.prompt_logprobs\n", ""),
     # ex08: a stalled engine not reported; the plan not completed for the executor (finished ids, debug checks)
@@ -703,7 +703,7 @@ MUTANTS = [
      "if False:"),
     ("ex08_engine_step", "        self.begin_step(plan)\n", ""),
     # ex08: the output's tokens or finished requests left out
-    ("ex08_engine_step", "        step_out.sampled = tokens\n", ""),
+    ("ex08_engine_step", "        step_out.new_token_ids = tokens\n", ""),
     ("ex08_engine_step", "        step_out.finished.extend(finished)\n", ""),
     # ex09 (a): K or V forgotten; int4 stored as a byte; the pool counted in tokens, not blocks
     ("ex09_reasoning", "return 2 * model.num_layers", "return model.num_layers"),

@@ -160,7 +160,7 @@ class EchoExecutor:
     """Samples token 7 for every request that samples (a stand-in for the model)."""
 
     def execute(self, out):
-        return ModelRunnerOutput(sampled={r.request_id: 7 for r, s in zip(out.requests, out.sample) if s})
+        return ModelRunnerOutput(new_token_ids={r.request_id: [7] for r, s in zip(out.requests, out.sample) if s})
 
 
 def test_a_steps_deltas_hold_one_token_per_sample_at_any_length():

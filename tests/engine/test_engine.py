@@ -256,7 +256,7 @@ def test_step_listener_sees_every_step_and_can_be_removed():
     assert seen and all(s.scheduler_output is not None for s in seen)
     planned = [rid for s in seen for rid, _ in s.scheduler_output.decisions()]
     assert {"0", "1"} <= set(planned)
-    assert sum(len(s.sampled) for s in seen) == 6  # 3 tokens for each of the two requests
+    assert sum(len(s.new_token_ids) for s in seen) == 6  # 3 tokens for each of the two requests
     assert sorted(r.request_id for s in seen for r in s.finished) == ["0", "1"]
     remove()
     n = len(seen)
@@ -283,7 +283,7 @@ def test_step_listener_sees_the_steps_of_a_plug_in_step_loop():
         local_core(llm).add_step_listener(seen.append)
         llm.generate(["Once upon a time", "The little fox"], params, use_tqdm=False)
         assert len(seen) == llm.stats().num_steps, core_cls.__name__
-        assert sum(len(s.sampled) for s in seen) == 10, core_cls.__name__
+        assert sum(len(s.new_token_ids) for s in seen) == 10, core_cls.__name__
         assert len({id(s) for s in seen}) == len(seen)
 
 

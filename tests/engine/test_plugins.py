@@ -69,9 +69,9 @@ class FifoScheduler:
             budget -= num_new
         return out
 
-    def update_from_output(self, tokens):
+    def update_from_output(self, plan, new_token_ids):
         finished = []
-        for rid, token in tokens.sampled.items():
+        for rid, (token,) in new_token_ids.items():
             req = self.requests[rid]
             req.all_token_ids.append(token)
             status = req.check_stop(token, self.config.max_model_len)
@@ -256,7 +256,6 @@ def test_a_scheduling_policy_plugs_into_engine_and_simulator(reference_tokens):
 def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
     """The smallest engine step: plan, run, let the blocks join the cache, append the tokens."""
     from minivllm.core.engine_core import EngineCoreBase, StepOutput
-    from minivllm.core.interfaces import StepTokens
 
     class PlainCore(EngineCoreBase):
         def run_step(self, choose_tokens=None):
@@ -265,12 +264,12 @@ def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
             self.begin_step(plan)
             result = self.executor.execute(plan)
             self.kv.commit_written_blocks()
-            finished = self.scheduler.update_from_output(StepTokens(result.sampled))
+            finished = self.scheduler.update_from_output(plan, result.new_token_ids)
             now = self.clock()
             for req in finished:
                 self.record_finish(req, now)
             self.stats.record_step(self.scheduler, plan, start, now - start)
-            return StepOutput(plan, start, now, sampled=result.sampled, finished=finished)
+            return StepOutput(plan, start, now, new_token_ids=result.new_token_ids, finished=finished)
 
     llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False, engine_core=PlainCore)
     assert type(local_core(llm)) is PlainCore

@@ -12,7 +12,7 @@ from support import FreeListKV
 
 import minivllm
 from minivllm import LLM, SamplingParams
-from minivllm.core.interfaces import SpeculativeKVCacheManager, SpeculativeScheduler, StepTokens
+from minivllm.core.interfaces import SpeculativeKVCacheManager, SpeculativeScheduler
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import RequestStatus
 
@@ -73,18 +73,18 @@ class DraftingScheduler:
             budget -= req.num_tokens
         return out
 
-    def update_from_output(self, tokens: StepTokens):
+    def update_from_output(self, plan, new_token_ids):
         finished = []
-        for rid, token in tokens.sampled.items():
+        for rid, tokens in new_token_ids.items():
             req = self.requests[rid]
-            for t in [*tokens.accepted_drafts.get(rid, ()), token]:
+            for t in tokens:
                 req.all_token_ids.append(t)
                 status = req.check_stop(t, self.config.max_model_len)
                 if status is not None:
                     req.status = status
                     finished.append(req)
                     break
-        for rid in tokens.num_draft_tokens:  # the rejected drafts' K/V is not the request's
+        for rid in plan.spec_token_ids:  # the rejected drafts' K/V is not the request's
             req = self.requests[rid]
             if not req.is_finished:
                 req.num_computed_tokens = req.num_tokens - 1

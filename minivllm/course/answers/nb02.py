@@ -8,7 +8,6 @@ from minivllm.course.answers import question
 @question("nb02.head_of_line", "section 2's step with a 14-token `d`: what does the step compute, how much of "
           "the budget goes unused, and why accept that rather than let `e` in?")
 def head_of_line() -> str:
-    from minivllm.core.interfaces import StepTokens
     from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.core.scheduler import Scheduler, SchedulerConfig
     from minivllm.request import Request
@@ -25,7 +24,7 @@ def head_of_line() -> str:
     for rid, n in (("a", 5), ("b", 3), ("c", 6)):
         sched.add_request(request(rid, n))
     first = sched.schedule()
-    sched.update_from_output(StepTokens({r.request_id: 7 for r in first.sampling_requests}))
+    sched.update_from_output(first, {r.request_id: [7] for r in first.sampling_requests})
     long_len, short_len = budget - 2, 2
     sched.add_request(request("d", long_len))
     sched.add_request(request("e", short_len))

@@ -8,7 +8,6 @@ from minivllm.course.answers import question
 @question("nb03.preempt", "the pool is empty and a running request needs a block: under first come, first "
           "served, who gives memory back, what if it is the one asking, and what becomes of its tokens?")
 def preempt() -> str:
-    from minivllm.core.interfaces import StepTokens
     from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.core.scheduler import Scheduler, SchedulerConfig
     from minivllm.request import Request
@@ -30,7 +29,7 @@ def preempt() -> str:
             asking = [rid for rid, _ in plan.decisions()]
         if preempted_at is not None and back_at is None and dict(plan.decisions()).get(victim, 0) > 1:
             back_at, recomputed = step, dict(plan.decisions())[victim]
-        sched.update_from_output(StepTokens({r.request_id: 7 for r in plan.sampling_requests}))
+        sched.update_from_output(plan, {r.request_id: [7] for r in plan.sampling_requests})
         step += 1
     return (
         "**The newest running request** gives its blocks back: it has done the least work, so "

@@ -213,7 +213,6 @@ def _(ex):
 @case(CASES, "what update_from_output and finish_requests return", "finish_requests",
       "each returns the requests that call ended, whatever their order, and nothing else")
 def _(ex):
-    from minivllm.core.interfaces import StepTokens
     from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.request import Request, RequestStatus
     from minivllm.sampling_params import SamplingParams
@@ -228,10 +227,10 @@ def _(ex):
         return sorted(r.request_id for r in requests)
 
     plan = sched.schedule()  # two seats: 'one' and 'two' run
-    ended = sched.update_from_output(StepTokens({r.request_id: 0 for r in plan.sampling_requests}))
+    ended = sched.update_from_output(plan, {r.request_id: [0] for r in plan.sampling_requests})
     expect(ids(ended), ["one"], "update_from_output after the first step: the requests it ended")
     plan = sched.schedule()  # 'two' decodes, 'many' takes the seat 'one' left
-    ended = sched.update_from_output(StepTokens({r.request_id: 0 for r in plan.sampling_requests}))
+    ended = sched.update_from_output(plan, {r.request_id: [0] for r in plan.sampling_requests})
     expect(ids(ended), ["two"], "update_from_output after the second step: the requests it ended")
     ended = sched.finish_requests(["queued", "many", "one", "nobody"], RequestStatus.FINISHED_ABORTED)
     expect(ids(ended), ["many", "queued"], "finish_requests(['queued', 'many', 'one', 'nobody']) returned")

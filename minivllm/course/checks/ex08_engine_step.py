@@ -146,7 +146,7 @@ def _(ex):
 
 def _replace_tokens():
     def choose(out, result):
-        return {rid: (token + 1) % 4 for rid, token in result.sampled.items()}
+        return {rid: [(tokens[-1] + 1) % 4] for rid, tokens in result.new_token_ids.items()}
 
     return choose
 

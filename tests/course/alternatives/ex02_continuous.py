@@ -55,11 +55,12 @@ specification. Each says what must be true of a step, not how to get there:
    all or nothing: a request that cannot get room for all the tokens it needs does not fit. A
    waiting request holds no blocks. In this exercise's checks a running request always finds
    room; what to do when it does not is exercise 03 (raising an error that names it is fine).
-5. **Ends.** ``update_from_output(tokens)`` appends each sampled token (``tokens.sampled``:
-   request id -> token; ``tokens`` is a ``StepTokens``, whose other fields are speculative
-   decoding's and stay empty for a scheduler that schedules no drafts) to its request; a
-   request ends when ``check_stop(token, config.max_model_len)`` returns a status, with that
-   status. A request that has ended holds no blocks and no seat, and is in
+5. **Ends.** ``update_from_output(plan, new_token_ids)`` appends each request's new tokens
+   (``new_token_ids``: request id -> the list of tokens it got from the step -- one token here;
+   speculative decoding's steps give some requests several; ``plan``: the step's own plan) to
+   its request, in order; a request ends when ``check_stop(token, config.max_model_len)``
+   returns a status for a token it appended, with that status, and the tokens after that one
+   are dropped. A request that has ended holds no blocks and no seat, and is in
    none of the scheduler's collections, from the moment the call that ended it returns. The
    others keep their order. It returns the requests it ended, in any order.
 6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running
@@ -87,7 +88,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from minivllm.core.interfaces import KVCacheManagerInterface, StepTokens
+from minivllm.core.interfaces import KVCacheManagerInterface
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -181,14 +182,18 @@ class ContinuousScheduler:
             self.requests.pop(req.request_id, None)
             self.kv.free(req)
 
-    def update_from_output(self, tokens: StepTokens) -> list[Request]:
-        """Append each sampled token (``tokens.sampled``: request id -> token) to its request,
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
+        """Append each request's new tokens (``new_token_ids``: request id -> tokens) to it,
         retire the requests that are done (policy 5) and return them."""
         done = []
-        for request_id in tokens.sampled:
-            req, token = self.requests[request_id], tokens.sampled[request_id]
-            req.all_token_ids.append(token)
-            verdict = req.check_stop(token, self.config.max_model_len)
+        for request_id in new_token_ids:
+            req = self.requests[request_id]
+            verdict = None
+            for token in new_token_ids[request_id]:
+                req.all_token_ids.append(token)
+                verdict = req.check_stop(token, self.config.max_model_len)
+                if verdict is not None:
+                    break
             if verdict is None:
                 continue
             req.status = verdict

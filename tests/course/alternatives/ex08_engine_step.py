@@ -25,7 +25,7 @@ step, once its requests have ended):
    The executor gets the plan completed: ``self.begin_step(plan)`` has seen it, and
    ``plan.forks`` maps every leader that samples in this step and still has siblings waiting
    (``self.pending_siblings``) to those siblings: the executor draws their first tokens from
-   the leader's row (``result.sampled`` then holds a token for each).
+   the leader's row (``result.new_token_ids`` then holds a token for each).
 2. **Written blocks.** The blocks a step filled join the prefix cache
    (``self.kv.commit_written_blocks()``) only once the executor has returned -- and before
    any request of the step gives its blocks back, for whatever reason it ends, so it leaves
@@ -49,9 +49,9 @@ step, once its requests have ended):
    sharing its blocks if a seat is free, else waits for one), leaders in the plan's order and
    siblings in theirs, all before any token of the step is appended. A sibling forked no longer
    waits in ``self.pending_siblings``.
-7. **Tokens.** The tokens appended are ``result.sampled`` -- or, with ``choose_tokens`` (beam
+7. **Tokens.** The tokens appended are ``result.new_token_ids`` -- or, with ``choose_tokens`` (beam
    search), ``choose_tokens(plan, result)`` -- less those of failed requests, by one call of
-   ``self.scheduler.update_from_output(StepTokens(tokens))`` (it applies the stop rules, frees the blocks of
+   ``self.scheduler.update_from_output(plan, tokens)`` (it applies the stop rules, frees the blocks of
    the requests that end and returns those).
 8. **Statistics**: one ``self.stats.record_step`` per step, failed or not (its signature says
    what it takes), describing the engine as the step left it. The step's figures: a request of
@@ -69,7 +69,7 @@ step, once its requests have ended):
     the times it holds then, so by then it holds every time rule 9 gives it. ``finish_requests``
     does this for the requests it ends, with its own reading of the clock: the finished time of
     a failed request is the clock when it ended.
-11. **The output**: ``StepOutput(plan, start, end, sampled=<the tokens appended>,
+11. **The output**: ``StepOutput(plan, start, end, new_token_ids=<the tokens appended>,
     finished=<every request that ended in the step>, failed=<request id -> message>,
     logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)``.
 12. **No stall.** A step whose plan schedules no request and preempts none, and that ends
@@ -77,11 +77,11 @@ step, once its requests have ended):
     will ever run.
 
 One step, for example: the plan is ``a`` (decoding), ``p`` (the last token of its prompt; ``n =
-2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns ``sampled = {a: 11,
-p: 4, p#1: 9}`` and ``failed = {c: "logits are not finite"}``. After the step ``c`` has ended
+2``, its sibling ``p#1`` waiting) and ``c`` (decoding); the executor returns
+``new_token_ids = {a: [11], p: [4], p#1: [9]}`` and ``failed = {c: "logits are not finite"}``. After the step ``c`` has ended
 with an error and no token, ``p#1`` runs beside ``p`` on ``p``'s blocks, ``a``, ``p`` and ``p#1``
 have one more token each (``p`` and ``p#1`` their first: their ``first_token_time`` is the
-step's end), the output holds ``sampled = {a: 11, p: 4, p#1: 9}``, ``finished = [c]``,
+step's end), the output holds ``new_token_ids = {a: [11], p: [4], p#1: [9]}``, ``finished = [c]``,
 ``failed = {c: "logits are not finite"}``, and one ``StepStats`` describes the engine after it.
 
 The checks run your class and minivllm's ``EngineCore`` side by side over minivllm's scheduler
@@ -97,7 +97,6 @@ from __future__ import annotations
 import logging
 
 from minivllm.core.engine_core import EngineStalledError, StepOutput, TokenChooser
-from minivllm.core.interfaces import StepTokens
 from minivllm.course.engine_core_base import EngineCoreBase
 from minivllm.request import RequestStatus
 
@@ -133,7 +132,7 @@ class StepLoop(EngineCoreBase):
         ``StepOutput``.
 
         ``choose_tokens(plan, result)``, when given (beam search), returns the tokens to append
-        in place of ``result.sampled``."""
+        in place of ``result.new_token_ids``."""
         t0 = self.clock()
         plan = self.scheduler.schedule()
         self.begin_step(plan)
@@ -194,7 +193,7 @@ class StepLoop(EngineCoreBase):
         report.prompt_logprobs = result.prompt_logprobs
         self._end_with_error(dict(result.failed), report)
         tally.num_forked_tokens = self._seat_siblings(plan, result, report.failed)
-        chosen = choose_tokens(plan, result) if choose_tokens is not None else result.sampled
+        chosen = choose_tokens(plan, result) if choose_tokens is not None else result.new_token_ids
         appended = {rid: tok for rid, tok in chosen.items() if rid not in report.failed}
         # look the receivers up now: one that ends at this token leaves the scheduler below
         known = dict(sched.requests)
@@ -202,7 +201,7 @@ class StepLoop(EngineCoreBase):
         for kids in plan.forks.values():
             known.update((kid.request_id, kid) for kid in kids)
         receivers = [known[rid] for rid in appended if rid in known]
-        ended = sched.update_from_output(StepTokens(appended))
+        ended = sched.update_from_output(plan, appended)
         t_end = self.clock()
         for req in receivers:
             if req.first_token_time is not None:
@@ -212,7 +211,7 @@ class StepLoop(EngineCoreBase):
                 req.first_scheduled_time = t0
         for req in ended:  # its times are all set: the statistics read them now
             self.record_finish(req, t_end)
-        report.sampled = appended
+        report.new_token_ids = appended
         report.finished += ended
         self._close(plan, report, tally, t_end)
         idle = not plan.requests and not plan.preempted and not ended
@@ -229,7 +228,7 @@ class StepLoop(EngineCoreBase):
         sched, pending = self.scheduler, self.pending_siblings
         for req in plan.sampling_requests:
             leader_id = req.request_id
-            if leader_id not in plan.forks or leader_id in failed or leader_id not in result.sampled:
+            if leader_id not in plan.forks or leader_id in failed or leader_id not in result.new_token_ids:
                 continue
             pending.pop(leader_id, None)
             leader = sched.requests.get(leader_id, req)
