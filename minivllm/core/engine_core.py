@@ -254,6 +254,9 @@ class EngineCore(EngineCoreBase):
             waiting = self.forks.waiting
             out.forks = {r.request_id: waiting[r.request_id] for r in out.sampling_requests if r.request_id in waiting}
         counts = _PlanCounts(out)
+        for req, computed in zip(out.requests, out.num_computed, strict=True):
+            if req.first_scheduled_time is None:  # its first step: the prefix cache served these
+                req.num_cached_tokens = computed
         try:
             result = self.executor.execute(out)
         except BaseException as err:
@@ -373,8 +376,8 @@ class EngineCore(EngineCoreBase):
 class _PlanCounts:
     """One step's figures for its ``StepStats``: what the prefix cache saved the requests the plan
     schedules for the first time (read off the plan before the step stamps them: their tokens
-    already computed are the hits, and become the request's ``num_cached_tokens``), the prompt
-    tokens forked siblings share, the drafts verified and accepted."""
+    already computed are the hits), the prompt tokens forked siblings share, the drafts verified
+    and accepted. It only reads: what the step writes to a request, the step does itself."""
 
     __slots__ = ("queries", "hits", "forked", "drafts", "accepted", "out")
 
@@ -385,7 +388,6 @@ class _PlanCounts:
             if req.first_scheduled_time is None:
                 self.queries += req.num_tokens
                 self.hits += computed
-                req.num_cached_tokens = computed
 
     def record(self, core: EngineCoreBase, start: float, now: float) -> None:
         core.stats.record_step(

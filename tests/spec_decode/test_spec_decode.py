@@ -522,3 +522,32 @@ def test_the_default_pool_holds_a_draft_models_lookahead_with_one_seat():
               speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR), "num_speculative_tokens": 4})
     out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) >= 1
+
+
+def test_a_stop_among_accepted_drafts_ends_the_answer_there_and_the_step_reports_what_was_kept(reference_outputs):
+    """A stop token that the target accepted as a draft ends the request at that token: the
+    drafts after it and the token sampled after them are dropped, and the step reports only the
+    tokens appended (``StepOutput.new_token_ids``), which add up to the answer."""
+    params, outs = reference_outputs
+    prompt = PROMPTS[0]
+    reference = outs[prompt]
+    llm = LLM(TINY, seed=0, speculative_config={"model": str(minivllm.TINY_DRAFT_MODEL_DIR),
+                                                 "num_speculative_tokens": 4, "disable_by_batch_size": None})
+    steps = []
+    local_core(llm).add_step_listener(steps.append)
+    llm.generate([prompt], params, use_tqdm=False)
+    # positions of accepted drafts that are not the last token of their step, whose token does
+    # not appear earlier in the answer (so the answer with it as a stop ends right there)
+    candidates, offset = [], 0
+    for step in steps:
+        for toks in step.new_token_ids.values():
+            candidates += [offset + i for i in range(len(toks) - 1) if reference.index(reference[offset + i]) == offset + i]
+            offset += len(toks)
+    assert candidates, "no step kept a draft with a fresh token: the test needs one"
+    stop_at = candidates[0]
+    steps.clear()
+    got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=80, stop_token_ids=[reference[stop_at]]),
+                       use_tqdm=False)[0].outputs[0]
+    assert got.token_ids == reference[: stop_at + 1] and got.finish_reason == "stop"
+    assert [t for step in steps for toks in step.new_token_ids.values() for t in toks] == got.token_ids
+    assert_idle_and_empty(llm)
