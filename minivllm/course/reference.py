@@ -5,7 +5,8 @@ request stops on its length or a stop token. So a trace of prompt lengths, outpu
 arrival (and abort) steps is enough to replay exactly what the engine's scheduler would decide,
 step by step: minivllm's ``EngineCore`` runs the scheduler (minivllm's own
 :class:`~minivllm.core.scheduler.Scheduler`, or any object that meets the ``SchedulerInterface``
-protocol) over a KV pool and :class:`~minivllm.sim.executor.ModelFreeExecutor`.
+protocol) over a KV pool and :class:`~minivllm.sim.executor.ModelFreeExecutor`, as
+:class:`~minivllm.course.harness.ReplaySetup` builds it.
 
 * :class:`Replay` steps a scheduler factory through a trace, one step per ``next()``;
 * :func:`run_reference` replays minivllm's scheduler (continuous, or the static baseline);
@@ -24,25 +25,22 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from minivllm.core.engine_core import EngineCore
 from minivllm.core.interfaces import KVCacheManagerInterface, protocol_members
-from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
+    ReplaySetup,
     StepMismatch,
     StepRecord,
     TraceRequest,
     TraceResult,
     TraceRun,
     expect_same_steps,
+    scheduler_config,
 )
 from minivllm.math_utils import cdiv
-from minivllm.metrics import EngineStats
-from minivllm.sim.executor import ModelFreeExecutor
 
-NO_LENGTH_CAP = 1 << 40
 SchedulerFactory = Callable[[SchedulerConfig, object], object]
 REFERENCE_SCHEDULERS: dict[str, SchedulerFactory] = {"continuous": Scheduler, "static": StaticBatchScheduler}
 # what two schedulers must agree on at every step, in the order a difference is reported
@@ -80,22 +78,6 @@ def random_trace(
 def blocks_to_never_fill(trace: Sequence[TraceRequest], block_size: int = 16) -> int:
     """A pool size at which no request ever waits for KV blocks: every request's final length."""
     return sum(cdiv(r.prompt_len + r.max_tokens, block_size) for r in trace) + 1
-
-
-def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
-                     max_model_len: int | None = None) -> SchedulerConfig:
-    """A config whose length cap is ``max_model_len`` (``None``: no cap, requests stop on their
-    ``max_tokens``). Without chunked prefill the budget must cover the cap, as the engine
-    requires; with no cap it is not checked."""
-    cfg = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_num_batched_tokens if max_model_len is None else max_model_len,
-        enable_chunked_prefill=enable_chunked_prefill,
-    )
-    if max_model_len is None:
-        cfg.max_model_len = NO_LENGTH_CAP
-    return cfg
 
 
 class ProtocolOnlyKV:
@@ -205,13 +187,11 @@ class Replay(CheckedRun):
                 raise ValueError(f"without chunking, prompts longer than the budget never run: {too_long}")
         self.num_blocks = num_kv_blocks or blocks_to_never_fill(trace, block_size)
         self.block_size = block_size
-        self.config = scheduler_config(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, max_model_len)
-        kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
+        setup = ReplaySetup(self.num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                            enable_chunked_prefill, prefix_caching=False, debug_checks=False, vocab=vocab,
+                            logprobs=False)
         mine = factory not in REFERENCE_SCHEDULERS.values()  # minivllm's own need no policing
-        if mine:
-            kv = ProtocolOnlyKV(kv)
-        executor = ModelFreeExecutor(vocab=vocab)
-        core = EngineCore(factory(self.config, kv), executor, clock=executor.clock, stats=EngineStats(window=None))
+        core = setup.core(ProtocolOnlyKV(setup.kv()) if mine else None, scheduler=factory)
         cap = "" if max_model_len is None else f", max_model_len={max_model_len}"
         settings = (f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens}{cap}, "
                     f"chunked prefill {'on' if enable_chunked_prefill else 'off'}, "
