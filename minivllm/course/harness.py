@@ -302,7 +302,8 @@ class TraceRun:
     injected Ctrl-C, an ``EngineStalledError``): the step is recorded with ``raised`` and the
     run goes on (a stalled engine ends it). ``events``: a log the engine's parts write to; each
     record keeps what was written during its step. ``check_pool=False`` skips the per-step check
-    of the pool's accounting, for a run over minivllm's own KV cache manager."""
+    of the pool's accounting, for a run over minivllm's own KV cache manager. ``checks``: each is
+    called with every record before the run yields it; one that raises stops the run there."""
 
     def __init__(
         self,
@@ -314,6 +315,7 @@ class TraceRun:
         events: list[str] | None = None,
         choose_tokens: Callable | None = None,
         check_pool: bool = True,
+        checks: Sequence[Callable[[StepRecord], None]] = (),
         label: str = "",
     ):
         engine = getattr(target, "engine", target)
@@ -328,7 +330,7 @@ class TraceRun:
         self.index = {r.request_id: i for i, r in enumerate(self.trace)}
         self.pending = sorted(self.trace, key=lambda r: r.arrival_step)  # stable: list order within a step
         self.max_steps, self.catch, self.events = max_steps, catch, events
-        self.choose_tokens, self.check_pool = choose_tokens, check_pool
+        self.choose_tokens, self.check_pool, self.checks = choose_tokens, check_pool, checks
         self.aborts: dict[int, list[TraceRequest]] = {}
         for r in self.trace:
             if r.abort_step is not None:
@@ -362,7 +364,10 @@ class TraceRun:
         return self.result
 
     def __next__(self) -> StepRecord:
-        return next(self._run)
+        rec = next(self._run)
+        for check in self.checks:
+            check(rec)
+        return rec
 
     def _steps(self) -> Iterator[StepRecord]:
         remove = self.core.add_step_listener(self._record)
