@@ -328,16 +328,15 @@ def serve_engine_trace(step_loop: type | None) -> Served:
     with ``LLM(engine_core=step_loop)`` over minivllm's scheduler (committing left to the core)
     and paged KV cache manager; ``None``: minivllm's own engine."""
     from minivllm import LLM
-    from minivllm.course.core_replay import LoggedKV, LoggingScheduler
     from minivllm.course.runtime import one_cpu_thread
 
-    args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET)
+    args = dict(max_model_len=MAX_MODEL_LEN, dtype=course_dtype(), max_num_batched_tokens=TOKEN_BUDGET,
+                num_kv_blocks=POOLS["prefix"])
 
     def make():
         if step_loop is None:
-            return LLM(num_kv_blocks=POOLS["prefix"], **args)
-        return LLM(engine_core=step_loop, scheduler=LoggingScheduler,
-                   kv_cache=LoggedKV(POOLS["prefix"], BLOCK_SIZE), debug_checks=True, **args)
+            return LLM(**args)
+        return LLM(engine_core=step_loop, debug_checks=True, **args)
 
     with one_cpu_thread():
         served = serve(make(), PREFIX_FORKS_AND_PREEMPTION)

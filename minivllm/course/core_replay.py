@@ -8,9 +8,8 @@ finished and who failed, the log-probabilities passed through, the step's ``Step
 times; then every request's timestamps against the definitions of the latency metrics, and the
 run's statistics. Everything is pure Python and takes milliseconds.
 
-* :class:`LoggingScheduler` -- minivllm's ``Scheduler`` (which leaves committing written blocks
-  to the prefix cache to the engine core); it and its KV cache manager (:class:`LoggedKV`) log
-  the calls the step makes, in order;
+* :func:`log_calls` -- makes the scheduler and the KV cache manager log the calls a step
+  makes, in order (a step listener sees a step only once it is over, not the order of its calls);
 * :class:`CoreSetup`, :func:`run_core` and :func:`compare_with_engine_core`.
 """
 
@@ -19,25 +18,23 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 
 from minivllm.core.engine_core import EngineCore, EngineStalledError
-from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
+    ReplaySetup,
     TraceRequest,
     TraceResult,
     expect_same_steps,
     expect_same_tokens,
     run_trace,
 )
-from minivllm.metrics import EngineStats
-from minivllm.request import Request
-from minivllm.sim.executor import Faults, InjectedInterrupt, ModelFreeExecutor
+from minivllm.sim.executor import InjectedInterrupt
 
 VOCAB = 4  # the fake executor draws token ids 0..3; a trace's stop tokens come from them
 CoreRequest = TraceRequest  # the name the exercise's tests use
@@ -47,72 +44,14 @@ STEP_FIELDS = ("raised", "batch", "preempted", "failed", "tokens", "ended", "log
 SUMMARY = ("output_tokens", "mean_ttft_s", "mean_tpot_s", "mean_e2e_s")  # compared after every run
 
 
-# --- the parts the cores run on ----------------------------------------------------------------
-class LoggedKV(KVCacheManager):
-    """minivllm's paged KV cache manager that logs ``commit`` and ``discard`` (into ``log``,
-    if given)."""
-
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, log: list[str] | None = None):
-        super().__init__(num_blocks, block_size, enable_caching)
-        self.log = log
-
-    def commit_written_blocks(self) -> None:
-        if self.log is not None:
-            self.log.append("commit")
-        super().commit_written_blocks()
-
-    def discard_unwritten_blocks(self) -> None:
-        if self.log is not None:
-            self.log.append("discard")
-        super().discard_unwritten_blocks()
-
-
-class LoggingScheduler(Scheduler):
-    """minivllm's ``Scheduler`` over a :class:`LoggedKV`, into whose log it writes ``schedule``
-    and ``update``. Committing written blocks is the engine core's (right after the step ran)."""
-
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: LoggedKV):
-        if not isinstance(kv_cache_manager, LoggedKV):
-            raise TypeError(f"{type(self).__name__} runs over a LoggedKV, got {type(kv_cache_manager).__name__}")
-        super().__init__(config, kv_cache_manager)
-
-    def _log(self, what: str) -> None:
-        if self.kv.log is not None:
-            self.kv.log.append(what)
-
-    def schedule(self) -> SchedulerOutput:
-        self._log("schedule")
-        return super().schedule()
-
-    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
-        self._log("update")
-        return super().update_from_output(plan, new_token_ids)
-
-
-class NeverSchedules(LoggingScheduler):
-    """A scheduler that plans nothing, ever: an engine core must report the stall."""
-
-    def schedule(self) -> SchedulerOutput:
-        self._log("schedule")
-        return SchedulerOutput()
-
-
+# --- the cores ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class CoreSetup:
-    """The engine's settings and the failures the fake executor injects (keyed by the
-    executor's call, i.e. the engine's step number)."""
+class CoreSetup(ReplaySetup):
+    """A :class:`~minivllm.course.harness.ReplaySetup` over minivllm's scheduler (which leaves
+    committing written blocks to the prefix cache to the engine core) and paged KV cache manager,
+    with ``VOCAB`` tokens and logprobs; ``never_schedules``: a scheduler that plans nothing, ever
+    (an engine core must report the stall)."""
 
-    num_blocks: int = 40
-    block_size: int = 4
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 16
-    max_model_len: int = 64
-    prefix_caching: bool = True
-    policy: str = "fcfs"
-    seed: int = 0
-    fail_rows: Mapping[int, Sequence[str]] = field(default_factory=dict)
-    raise_at: Mapping[int, str] = field(default_factory=dict)
-    token_for_failed_rows: bool = False
     never_schedules: bool = False
 
     def describe(self) -> str:
@@ -129,16 +68,19 @@ class CoreSetup:
             parts.append(f"the executor raises {dict(self.raise_at)}")
         return ", ".join(parts)
 
-    def core(self, core_class: Callable[..., EngineCore], log: list[str]) -> EngineCore:
-        """``core_class(scheduler, executor, clock=..., stats=..., debug_checks=True)`` over
-        minivllm's scheduler (leaving commits to the core) and paged KV cache manager."""
-        kv = LoggedKV(self.num_blocks, self.block_size, self.prefix_caching, log)
-        config = SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                                 max_model_len=self.max_model_len, policy=self.policy)
-        scheduler = (NeverSchedules if self.never_schedules else LoggingScheduler)(config, kv)
-        faults = Faults(self.fail_rows, self.raise_at, self.token_for_failed_rows)
-        executor = ModelFreeExecutor(vocab=VOCAB, seed=self.seed, faults=faults, logprobs=True, log=log)
-        return core_class(scheduler, executor, clock=executor.clock, stats=EngineStats(window=None), debug_checks=True)
+
+def log_calls(part, log: list[str], **entries: str) -> None:
+    """Make every call of ``part.<method>`` append ``entries[method]`` to ``log`` before it runs
+    (on this object only: its class is untouched)."""
+    def logged(call, entry: str):
+        def wrapper(*args, **kwargs):
+            log.append(entry)
+            return call(*args, **kwargs)
+
+        return wrapper
+
+    for method, entry in entries.items():
+        setattr(part, method, logged(getattr(part, method), entry))
 
 
 def run_core(
@@ -154,9 +96,19 @@ def run_core(
     engine_log = logging.getLogger("minivllm")
     level = engine_log.level
     engine_log.setLevel(logging.CRITICAL)
-    log: list[str] = []
+    log: list[str] = []  # "execute" from the executor, the rest from the scheduler and the KV cache manager
+
+    def logged_scheduler(config, kv) -> Scheduler:
+        scheduler = Scheduler(config, kv)
+        if setup.never_schedules:
+            scheduler.schedule = SchedulerOutput  # an empty plan, every step
+        log_calls(scheduler, log, schedule="schedule", update_from_output="update")
+        log_calls(kv, log, commit_written_blocks="commit", discard_unwritten_blocks="discard")
+        return scheduler
+
     try:
-        return run_trace(setup.core(core_class, log), trace, max_steps=max_steps, events=log,
+        core = setup.core(scheduler=logged_scheduler, core_class=core_class, log=log)
+        return run_trace(core, trace, max_steps=max_steps, events=log,
                          catch=(InjectedInterrupt, EngineStalledError), choose_tokens=choose_tokens,
                          check_pool=False)  # the KV cache manager is minivllm's
     finally:

@@ -4,7 +4,7 @@ The last check of exercises 02 and 03: the student's class goes into ``LLM(sched
 (its KV cache manager wrapped in :class:`~minivllm.course.reference.ProtocolOnlyKV`, with
 ``debug_checks=True`` so that every K/V read is checked to have been written for that very
 token), requests arrive over several steps, and the run must keep the limits after every step
-(:class:`~minivllm.course.reference.CheckedRun`), make the same decision at every step and
+(:func:`~minivllm.course.reference.within_limits`), make the same decision at every step and
 produce the same greedy tokens as ``LLM(scheduler="continuous")`` with the same settings. The
 step count is bounded, so a scheduler that never retires anyone fails instead of looping.
 """
@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from minivllm.course.harness import (
     TraceRequest,
     TraceResult,
+    TraceRun,
     expect_same_steps,
     expect_same_tokens,
     run_trace,
 )
-from minivllm.course.reference import SCHEDULER_FIELDS, CheckedRun, protocol_only
+from minivllm.course.reference import SCHEDULER_FIELDS, protocol_only, within_limits
 from minivllm.course.runtime import configure
 from minivllm.engine.core_client import local_core
 
@@ -60,9 +61,8 @@ def compare_on_engine(factory, arrivals: Sequence[int], label: str = "", max_tok
     reference = run_trace(reference_llm, trace, max_steps=500)
     limits = local_core(reference_llm).scheduler.config
     settings = "LLM(" + ", ".join(f"{k}={v}" for k, v in engine_args.items()) + ")"
-    mine = CheckedRun(LLM(scheduler=protocol_only(factory), **args), trace, max_num_seqs=limits.max_num_seqs,
-                      max_num_batched_tokens=limits.max_num_batched_tokens, settings=settings, label=label,
-                      max_steps=500)
+    mine = TraceRun(LLM(scheduler=protocol_only(factory), **args), trace, label=label, max_steps=500,
+                    checks=[within_limits(limits.max_num_seqs, limits.max_num_batched_tokens, label, settings)])
     expect_same_steps(reference, mine, SCHEDULER_FIELDS, label, settings)
     expect_same_tokens(reference.tokens, mine.result.tokens, f"{label + ': ' if label else ''}greedy tokens")
     return mine.result, reference

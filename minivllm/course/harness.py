@@ -13,7 +13,9 @@ The same loop serves two kinds of engine, the difference being the executor:
 * an ``LLM`` (or ``LLMEngine``): the real model, with whatever parts were plugged in;
 * an ``EngineCore`` over the simulator's :class:`~minivllm.sim.executor.ModelFreeExecutor`: no
   model, seeded tokens (and, on request, failing rows, a raising step, a Ctrl-C), for replaying
-  schedulers, KV cache managers and step loops in milliseconds.
+  schedulers, KV cache managers and step loops in milliseconds. :class:`ReplaySetup` builds it,
+  for every grader alike (``reference``: schedulers; ``kv_replay``: KV cache managers;
+  ``core_replay``: step loops).
 
 After every step the run checks, through the protocols only, that queued requests have the
 status of their queue and (unless ``check_pool=False``: minivllm's own manager) that the pool's
@@ -34,15 +36,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minivllm.core.engine_core import EngineCoreBase
+from minivllm.core.engine_core import EngineCore, EngineCoreBase
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.engine.core_client import local_core
 from minivllm.metrics import EngineStats, StepStats
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
-from minivllm.sim.executor import InjectedInterrupt
+from minivllm.sim.executor import Faults, InjectedInterrupt, ModelFreeExecutor
 
 WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+NO_LENGTH_CAP = 1 << 40  # a max_model_len no request reaches: each stops on its max_tokens
 
 
 # --- the trace ------------------------------------------------------------------------------------
@@ -215,7 +221,76 @@ class TraceResult:
         return self.first_token_step(request_id) - self.joined[request_id]
 
 
-# --- an executor without a model ------------------------------------------------------------------
+# --- an engine core without a model --------------------------------------------------------------
+def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+                     max_model_len: int | None = None, policy: str = "fcfs") -> SchedulerConfig:
+    """A config whose length cap is ``max_model_len`` (``None``: no cap, requests stop on their
+    ``max_tokens``). Without chunked prefill the budget must cover the cap, as the engine
+    requires; with no cap it is not checked."""
+    cfg = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_num_batched_tokens if max_model_len is None else max_model_len,
+        enable_chunked_prefill=enable_chunked_prefill,
+        policy=policy,
+    )
+    if max_model_len is None:
+        cfg.max_model_len = NO_LENGTH_CAP
+    return cfg
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """The settings of an engine core without a model, and :meth:`core`, which builds it.
+
+    The core runs a scheduler (minivllm's ``scheduler``, ``"continuous"`` or ``"static"``, or
+    any factory given to :meth:`core`) over a KV cache manager (minivllm's paged one, or any
+    given to :meth:`core`) and a :class:`~minivllm.sim.executor.ModelFreeExecutor` that draws
+    seeded tokens below ``vocab`` (``vocab=1``: every token is 0) and injects the failures
+    ``fail_rows`` / ``raise_at`` name (keyed by the executor's call: the engine's step number).
+    It runs on the executor's clock and keeps the statistics of every step. Two cores built from
+    one setup differ only in the parts given to :meth:`core`, so two runs of a trace over them
+    (:func:`run_trace`) differ only where those parts decide differently.
+    ``max_model_len=None``: no length cap (see :func:`scheduler_config`)."""
+
+    num_blocks: int = 40
+    block_size: int = 4
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 16
+    max_model_len: int | None = 64
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+    scheduler: str = "continuous"  # or "static" (each request reserves its worst case up front)
+    prefix_caching: bool = True
+    debug_checks: bool = True  # every K/V read checked against what was written for that token
+    vocab: int = 4
+    seed: int = 0
+    logprobs: bool = True  # the executor returns (made-up) logprobs and prompt logprobs
+    fail_rows: Mapping[int, Sequence[str]] = field(default_factory=dict)
+    raise_at: Mapping[int, str] = field(default_factory=dict)
+    token_for_failed_rows: bool = False
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return scheduler_config(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
+                                self.max_model_len, self.policy)
+
+    def kv(self, caching: bool | None = None) -> KVCacheManager:
+        """minivllm's paged KV cache manager over this pool (prefix caching as set, unless
+        ``caching`` says)."""
+        return KVCacheManager(self.num_blocks, self.block_size, self.prefix_caching if caching is None else caching)
+
+    def core(self, kv=None, *, scheduler: Callable | None = None, core_class: Callable[..., EngineCoreBase] = EngineCore,
+             log: list[str] | None = None) -> EngineCoreBase:
+        """``core_class(scheduler(config, kv), executor, ...)``: ``kv`` defaults to :meth:`kv`,
+        ``scheduler`` to minivllm's; ``log``: the executor appends ``execute`` to it each call."""
+        if scheduler is None:
+            scheduler = StaticBatchScheduler if self.scheduler == "static" else Scheduler
+        faults = Faults(self.fail_rows, self.raise_at, self.token_for_failed_rows)
+        executor = ModelFreeExecutor(vocab=self.vocab, seed=self.seed, faults=faults, logprobs=self.logprobs, log=log)
+        return core_class(scheduler(self.scheduler_config(), self.kv() if kv is None else kv), executor,
+                          clock=executor.clock, stats=EngineStats(window=None), debug_checks=self.debug_checks)
+
+
 # --- the run --------------------------------------------------------------------------------------
 class TraceRun:
     """Drive ``target`` (an ``LLM``, ``LLMEngine`` or ``EngineCore``) through ``trace``, one
@@ -227,7 +302,8 @@ class TraceRun:
     injected Ctrl-C, an ``EngineStalledError``): the step is recorded with ``raised`` and the
     run goes on (a stalled engine ends it). ``events``: a log the engine's parts write to; each
     record keeps what was written during its step. ``check_pool=False`` skips the per-step check
-    of the pool's accounting, for a run over minivllm's own KV cache manager."""
+    of the pool's accounting, for a run over minivllm's own KV cache manager. ``checks``: each is
+    called with every record before the run yields it; one that raises stops the run there."""
 
     def __init__(
         self,
@@ -239,6 +315,7 @@ class TraceRun:
         events: list[str] | None = None,
         choose_tokens: Callable | None = None,
         check_pool: bool = True,
+        checks: Sequence[Callable[[StepRecord], None]] = (),
         label: str = "",
     ):
         engine = getattr(target, "engine", target)
@@ -253,7 +330,7 @@ class TraceRun:
         self.index = {r.request_id: i for i, r in enumerate(self.trace)}
         self.pending = sorted(self.trace, key=lambda r: r.arrival_step)  # stable: list order within a step
         self.max_steps, self.catch, self.events = max_steps, catch, events
-        self.choose_tokens, self.check_pool = choose_tokens, check_pool
+        self.choose_tokens, self.check_pool, self.checks = choose_tokens, check_pool, checks
         self.aborts: dict[int, list[TraceRequest]] = {}
         for r in self.trace:
             if r.abort_step is not None:
@@ -287,7 +364,10 @@ class TraceRun:
         return self.result
 
     def __next__(self) -> StepRecord:
-        return next(self._run)
+        rec = next(self._run)
+        for check in self.checks:
+            check(rec)
+        return rec
 
     def _steps(self) -> Iterator[StepRecord]:
         remove = self.core.add_step_listener(self._record)

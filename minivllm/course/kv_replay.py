@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
+    ReplaySetup,
     StepRecord,
     TraceRequest,
     TraceResult,
@@ -40,7 +39,6 @@ from minivllm.course.harness import (
     expect_same_steps,
     run_trace,
 )
-from minivllm.sim.executor import ModelFreeExecutor
 
 VOCAB = 50  # prompt tokens of random traces are drawn below this
 # what must agree at every step, in the order a difference is reported (no block ids)
@@ -48,31 +46,15 @@ DECISIONS = ("batch", "computed", "preempted", "ended", "kv_blocks_used", "block
 
 
 @dataclass(frozen=True)
-class KVSetup:
+class KVSetup(ReplaySetup):
+    """A :class:`~minivllm.course.harness.ReplaySetup` for replaying KV cache managers: the
+    pool's size is given, the budget is 64 tokens, and :meth:`core` takes the manager to
+    replay (minivllm's :class:`~minivllm.core.kv_cache_manager.KVCacheManager` runs there when
+    none is given)."""
+
     num_blocks: int
-    block_size: int = 4
-    max_model_len: int = 64
-    max_num_seqs: int = 8
     max_num_batched_tokens: int = 64
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
-    scheduler: str = "continuous"  # or "static" (each request reserves its worst case: lookahead)
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            policy=self.policy,
-        )
-
-    def core(self, kv) -> EngineCore:
-        """minivllm's scheduler over ``kv``, in an engine core with a fake executor and
-        ``debug_checks=True``."""
-        sched_cls = StaticBatchScheduler if self.scheduler == "static" else Scheduler
-        executor = ModelFreeExecutor(vocab=4)
-        return EngineCore(sched_cls(self.scheduler_config(), kv), executor, clock=executor.clock, debug_checks=True)
+    logprobs: bool = False
 
 
 def audit_pool(core: EngineCore) -> Callable[[], None]:
@@ -124,7 +106,7 @@ def replay(kv, trace: Sequence[TraceRequest], setup: KVSetup, max_steps: int = 5
 
 def reference_kv(setup: KVSetup, caching: bool) -> KVCacheManager:
     """minivllm's own manager over the same pool."""
-    return KVCacheManager(setup.num_blocks, setup.block_size, enable_caching=caching)
+    return setup.kv(caching)
 
 
 def compare_with_minivllm(

@@ -5,7 +5,8 @@ request stops on its length or a stop token. So a trace of prompt lengths, outpu
 arrival (and abort) steps is enough to replay exactly what the engine's scheduler would decide,
 step by step: minivllm's ``EngineCore`` runs the scheduler (minivllm's own
 :class:`~minivllm.core.scheduler.Scheduler`, or any object that meets the ``SchedulerInterface``
-protocol) over a KV pool and :class:`~minivllm.sim.executor.ModelFreeExecutor`.
+protocol) over a KV pool and :class:`~minivllm.sim.executor.ModelFreeExecutor`, as
+:class:`~minivllm.course.harness.ReplaySetup` builds it.
 
 * :class:`Replay` steps a scheduler factory through a trace, one step per ``next()``;
 * :func:`run_reference` replays minivllm's scheduler (continuous, or the static baseline);
@@ -15,8 +16,8 @@ protocol) over a KV pool and :class:`~minivllm.sim.executor.ModelFreeExecutor`.
 
 Every scheduler but minivllm's own gets its KV cache manager through :class:`ProtocolOnlyKV`, so a
 scheduler that passes uses only the ``KVCacheManager`` protocol, and its run is checked after
-every step against the limits every scheduler keeps (:class:`CheckedRun`): the token budget, the
-seats, the pool's accounting.
+every step against the limits every scheduler keeps (:func:`within_limits`): the token budget,
+the seats, the pool's accounting.
 """
 
 from __future__ import annotations
@@ -24,25 +25,22 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from minivllm.core.engine_core import EngineCore
 from minivllm.core.interfaces import KVCacheManagerInterface, protocol_members
-from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.static_scheduler import StaticBatchScheduler
 from minivllm.course.grading import Mismatch
 from minivllm.course.harness import (
+    ReplaySetup,
     StepMismatch,
     StepRecord,
     TraceRequest,
     TraceResult,
     TraceRun,
     expect_same_steps,
+    scheduler_config,
 )
 from minivllm.math_utils import cdiv
-from minivllm.metrics import EngineStats
-from minivllm.sim.executor import ModelFreeExecutor
 
-NO_LENGTH_CAP = 1 << 40
 SchedulerFactory = Callable[[SchedulerConfig, object], object]
 REFERENCE_SCHEDULERS: dict[str, SchedulerFactory] = {"continuous": Scheduler, "static": StaticBatchScheduler}
 # what two schedulers must agree on at every step, in the order a difference is reported
@@ -51,8 +49,8 @@ DECISIONS = ("batch", "sampled", "preempted", "ended", "kv_blocks_used")
 SCHEDULER_FIELDS = DECISIONS + ("num_waiting",)
 
 __all__ = [
-    "DECISIONS", "SCHEDULER_FIELDS", "CheckedRun", "ProtocolOnlyKV", "Replay", "TraceRequest",
-    "blocks_to_never_fill", "compare_with_reference", "random_trace", "run_reference", "scheduler_config",
+    "DECISIONS", "SCHEDULER_FIELDS", "ProtocolOnlyKV", "Replay", "TraceRequest", "blocks_to_never_fill",
+    "compare_with_reference", "random_trace", "run_reference", "scheduler_config", "within_limits",
 ]
 
 
@@ -80,22 +78,6 @@ def random_trace(
 def blocks_to_never_fill(trace: Sequence[TraceRequest], block_size: int = 16) -> int:
     """A pool size at which no request ever waits for KV blocks: every request's final length."""
     return sum(cdiv(r.prompt_len + r.max_tokens, block_size) for r in trace) + 1
-
-
-def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
-                     max_model_len: int | None = None) -> SchedulerConfig:
-    """A config whose length cap is ``max_model_len`` (``None``: no cap, requests stop on their
-    ``max_tokens``). Without chunked prefill the budget must cover the cap, as the engine
-    requires; with no cap it is not checked."""
-    cfg = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_num_batched_tokens if max_model_len is None else max_model_len,
-        enable_chunked_prefill=enable_chunked_prefill,
-    )
-    if max_model_len is None:
-        cfg.max_model_len = NO_LENGTH_CAP
-    return cfg
 
 
 class ProtocolOnlyKV:
@@ -136,53 +118,41 @@ def protocol_only(factory: SchedulerFactory) -> SchedulerFactory:
     return build
 
 
-class CheckedRun(TraceRun):
-    """A :class:`~minivllm.course.harness.TraceRun` that checks, after every step, what every
+def within_limits(max_num_seqs: int, max_num_batched_tokens: int, label: str = "",
+                  settings: str = "") -> Callable[[StepRecord], None]:
+    """A check for :class:`~minivllm.course.harness.TraceRun` (``checks=``) of what every
     scheduler must keep whatever it decides: at most ``max_num_batched_tokens`` tokens computed,
     at most ``max_num_seqs`` requests in the batch and running, no request in the batch with no
-    token or twice. A step that breaks one raises :class:`StepMismatch` with the state before
-    it (``check_limits=False`` turns this off, for minivllm's static baseline, whose prefill pass
-    is a whole batch's prompts). The pool's accounting is checked too (``check_pool``), through
-    the protocol."""
+    token or twice. A step that breaks one raises :class:`StepMismatch` with the state before it."""
 
-    def __init__(self, target, trace: Sequence[TraceRequest], *, max_num_seqs: int, max_num_batched_tokens: int,
-                 settings: str = "", label: str = "", check_limits: bool = True, **options):
-        super().__init__(target, trace, label=label, **options)
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.check_limits = check_limits
-        self._settings, self._label = settings, label
-
-    def settings(self) -> str:
-        return self._settings
-
-    def __next__(self) -> StepRecord:
-        rec = super().__next__()
-        if not self.check_limits:
-            return rec
+    def check(rec: StepRecord) -> None:
         total = sum(n for _, n in rec.batch)
         ids = [rid for rid, _ in rec.batch]
         broken = []
-        if total > self.max_num_batched_tokens:
-            broken.append(("tokens computed (the budget)", f"at most {self.max_num_batched_tokens}", total))
-        if len(ids) > self.max_num_seqs:
-            broken.append(("requests in the batch (the seats)", f"at most {self.max_num_seqs}", len(ids)))
-        if len(rec.blocks_held) > self.max_num_seqs:
-            broken.append(("requests running after the step (the seats)", f"at most {self.max_num_seqs}",
+        if total > max_num_batched_tokens:
+            broken.append(("tokens computed (the budget)", f"at most {max_num_batched_tokens}", total))
+        if len(ids) > max_num_seqs:
+            broken.append(("requests in the batch (the seats)", f"at most {max_num_seqs}", len(ids)))
+        if len(rec.blocks_held) > max_num_seqs:
+            broken.append(("requests running after the step (the seats)", f"at most {max_num_seqs}",
                            sorted(rec.blocks_held)))
         if len(set(ids)) != len(ids) or any(n < 1 for _, n in rec.batch):
             broken.append(("batch entries", "each request at most once, with at least one token", rec.batch))
         if broken:
             what, expected, got = broken[0]
-            raise StepMismatch(self._label, self._settings, rec, what, expected, got)
-        return rec
+            raise StepMismatch(label, settings, rec, what, expected, got)
+
+    return check
 
 
-class Replay(CheckedRun):
+class Replay(TraceRun):
     """Drive the scheduler ``factory(config, kv)`` builds (a class such as ``Scheduler`` will do)
     over ``trace`` without a model; iterating runs one engine step at a time and yields its
     record. ``num_kv_blocks=None`` sizes the pool so that it never fills; ``max_model_len=None``
     lets requests stop on their ``max_tokens`` only; ``vocab > 1`` samples seeded tokens (for
-    traces with stop tokens), else every token is 0."""
+    traces with stop tokens), else every token is 0. A scheduler other than minivllm's gets
+    its KV cache manager through :class:`ProtocolOnlyKV`, and its run is checked after every
+    step against the limits (:func:`within_limits`) and the pool's accounting."""
 
     def __init__(
         self,
@@ -205,20 +175,21 @@ class Replay(CheckedRun):
                 raise ValueError(f"without chunking, prompts longer than the budget never run: {too_long}")
         self.num_blocks = num_kv_blocks or blocks_to_never_fill(trace, block_size)
         self.block_size = block_size
-        self.config = scheduler_config(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, max_model_len)
-        kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
+        setup = ReplaySetup(self.num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                            enable_chunked_prefill, prefix_caching=False, debug_checks=False, vocab=vocab,
+                            logprobs=False)
         mine = factory not in REFERENCE_SCHEDULERS.values()  # minivllm's own need no policing
-        if mine:
-            kv = ProtocolOnlyKV(kv)
-        executor = ModelFreeExecutor(vocab=vocab)
-        core = EngineCore(factory(self.config, kv), executor, clock=executor.clock, stats=EngineStats(window=None))
+        core = setup.core(ProtocolOnlyKV(setup.kv()) if mine else None, scheduler=factory)
         cap = "" if max_model_len is None else f", max_model_len={max_model_len}"
         settings = (f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens}{cap}, "
                     f"chunked prefill {'on' if enable_chunked_prefill else 'off'}, "
                     f"KV pool of {self.num_blocks} blocks x {block_size} tokens")
-        super().__init__(core, trace, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                         settings=settings, label=label, max_steps=max_steps, check_pool=mine,
-                         check_limits=mine)
+        self._settings = settings
+        checks = [within_limits(max_num_seqs, max_num_batched_tokens, label, settings)] if mine else []
+        super().__init__(core, trace, label=label, max_steps=max_steps, check_pool=mine, checks=checks)
+
+    def settings(self) -> str:
+        return self._settings
 
 
 def run_reference(
@@ -259,7 +230,7 @@ def compare_with_reference(factory: SchedulerFactory, trace: Sequence[TraceReque
     :class:`Replay` ``settings``, same pool), step by step, and raise at the first step where
     the batch, the requests that sample, the preempted ones, the ones that ended (and how), the
     KV blocks in use or the requests left waiting differ, where a queued request has the wrong
-    status, or where the scheduler breaks a limit (:class:`CheckedRun`). Returns its steps."""
+    status, or where the scheduler breaks a limit (:func:`within_limits`). Returns its steps."""
     expected = Replay(Scheduler, trace, **settings).finish()
     mine = Replay(factory, trace, label=label, **settings)
     steps = expect_same_steps(expected, mine, SCHEDULER_FIELDS, label, mine.settings())
