@@ -335,13 +335,17 @@ def table(result: dict) -> list[str]:
     return rows
 
 
+def _parts(result: dict, engine_label: str, sim_label: str):
+    """``(key, label, part)`` for each half of ``result`` that ran: the engine's, the simulator's."""
+    for key, label in (("engine", engine_label), ("sim", sim_label)):
+        if result.get(key):
+            yield key, label, result[key]
+
+
 def details(result: dict) -> list[str]:
     """What each half ran on and the figures that explain the bars."""
     lines = []
-    for key, label in (("engine", "Engine"), ("sim", "Simulator")):
-        part = result.get(key)
-        if not part:
-            continue
+    for key, label, part in _parts(result, "Engine", "Simulator"):
         lines.append(f"{label}: {part['model']} on {part['device']}; {part['trace']}; "
                      f"static batch B = {part['static_batch']} (the max-length regions its KV memory holds)")
         if key == "sim":
@@ -365,10 +369,7 @@ def details(result: dict) -> list[str]:
 def verdicts(result: dict) -> list[str]:
     """Sentences that set the measured ratios beside the chapter's "~10x" and "5-24x"."""
     lines = []
-    for key, label in (("engine", "the tiny model on this CPU"), ("sim", "Llama-3 70B on a simulated H100")):
-        part = result.get(key)
-        if not part:
-            continue
+    for _key, label, part in _parts(result, "the tiny model on this CPU", "Llama-3 70B on a simulated H100"):
         s = part["settings"]
         names = list(s)
         full = s[names[-1]]["vs_static"]
@@ -397,10 +398,7 @@ def notes(result: dict) -> list[str]:
     """Per half, what each step bought, and why the 8-bit cache and speculation pay or do not:
     the counters behind the bars (KV blocks, requests running, drafts accepted, steps)."""
     lines = []
-    for key, label in (("engine", "engine"), ("sim", "simulator")):
-        part = result.get(key)
-        if not part:
-            continue
+    for _key, label, part in _parts(result, "engine", "simulator"):
         s = part["settings"]
         gains = step_gains(part)
         lines.append(f"{label}, each step over the one before: "
