@@ -59,8 +59,8 @@ specification. Each says what must be true of a step, not how to get there:
    (``new_token_ids``: request id -> the list of tokens it got from the step -- one token here;
    speculative decoding's steps give some requests several; ``plan``: the step's own plan) to
    its request, in order; a request ends when ``check_stop(token, config.max_model_len)``
-   returns a status for a token it appended, with that status, and the tokens after that one
-   are dropped. A request that has ended holds no blocks and no seat, and is in
+   returns a status for a token it appended, with that status (``req.status = status``: the
+   scheduler sets it), and the tokens after that one are dropped. A request that has ended holds no blocks and no seat, and is in
    none of the scheduler's collections, from the moment the call that ended it returns. The
    others keep their order. It returns the requests it ended, in any order.
 6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running

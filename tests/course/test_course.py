@@ -267,6 +267,10 @@ MUTANTS = [
     # update_from_output returns nobody
     ("ex02_continuous", "            del self.requests[req.request_id]\n        return finished",
      "            del self.requests[req.request_id]\n        return []"),
+    # a request given several tokens in one step: only the first kept; tokens after a stop kept too
+    ("ex02_continuous", "            for token in tokens:", "            for token in tokens[:1]:"),
+    ("ex02_continuous", "                    finished.append(req)\n                    break\n        for req in finished:",
+     "                    finished.append(req)\n        for req in finished:"),
     # ex03: a request still prefilling gets one token per step, as if it were decoding
     ("ex03_chunked_prefill", "num_new = min(req.num_tokens - req.num_computed_tokens, budget)", "num_new = 1"),
     # admission still wants the whole prompt

@@ -241,6 +241,35 @@ def _(ex):
            "(has_unfinished_requests(), KV blocks in use) at the end")
 
 
+@case(CASES, "a request given several tokens in one step", "update_from_output",
+      "policy 5: each of a request's new tokens is appended in order under the stop rules; the token "
+      "that ends it is its last, and the ones after it are dropped")
+def _(ex):
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.request import Request, RequestStatus
+    from minivllm.sampling_params import SamplingParams
+
+    kv = ProtocolOnlyKV(KVCacheManager(16, 16, enable_caching=False))
+    sched = ex.ContinuousScheduler(scheduler_config(4, 64, False), kv)
+    # 'stops' ends on token 3; 'capped' on its 4th output token; 'goes_on' on neither
+    sched.add_request(Request("stops", [5, 6], SamplingParams(max_tokens=9, stop_token_ids=[3])))
+    sched.add_request(Request("capped", [5, 6], SamplingParams(max_tokens=4, ignore_eos=True)))
+    sched.add_request(Request("goes_on", [5, 6], SamplingParams(max_tokens=9, ignore_eos=True)))
+    plan = sched.schedule()
+    ended = sched.update_from_output(plan, {"stops": [1, 3, 2, 2], "capped": [1, 2, 0, 1, 2, 0], "goes_on": [1, 2]})
+    by_id = {r.request_id: r for r in ended}
+    expect(sorted(by_id), ["capped", "stops"], "the requests update_from_output ended")
+    outputs = {rid: by_id[rid].output_token_ids for rid in sorted(by_id)}
+    expect(outputs, {"capped": [1, 2, 0, 1], "stops": [1, 3]},
+           "the output tokens of the requests that ended (given [1, 3, 2, 2] with stop token 3, and "
+           "[1, 2, 0, 1, 2, 0] with max_tokens=4)")
+    expect((by_id["stops"].status, by_id["capped"].status),
+           (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED), "their statuses")
+    expect(sched.requests["goes_on"].output_token_ids, [1, 2], "the output of 'goes_on', which did not end")
+    expect(([r.request_id for r in sched.running], kv.num_used_blocks > 0), (["goes_on"], True),
+           "(running, KV blocks in use) after the step")
+
+
 # --- whole traces ---------------------------------------------------------------------------------
 @case(CASES, "long prompts, a budget of 44", "schedule")
 def _(ex):
