@@ -68,7 +68,8 @@ S1. One plan per step, run once, and complete when it runs: ``begin_step`` has s
     those siblings (the executor draws their first tokens from the leader's row).
 S2. Each request of the step that got a token has it appended, once, and the step's tokens
     reach the scheduler together: the tokens are ``result.new_token_ids`` or, with ``choose_tokens``
-    (beam search), ``choose_tokens(plan, result)``.
+    (beam search), ``choose_tokens(plan, result)``, less those of the requests in ``failed``
+    (F1: they ended, and the scheduler no longer holds them).
 S3. Before any token of the step is appended, every waiting sibling of a leader that got its
     token has started beside it, once (leaders in the plan's order, siblings in theirs), unless
     it has ended; a sibling that started no longer waits.
@@ -89,7 +90,8 @@ F3. An interrupt (``KeyboardInterrupt``, or any other ``BaseException`` that is 
     ``Exception``) leaves everything as F2 does, the step recorded, and then goes on up.
 
 To the caller
-C1. The output: ``StepOutput(plan, start, end, new_token_ids=<the tokens appended>,
+C1. The output: ``StepOutput(plan, start, end, new_token_ids=<the tokens the step passed to
+    update_from_output>,
     finished=<every request that ended in the step>, failed=<request id -> message>,
     logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)``.
 C2. Statistics: one ``record_step`` per step, failed or not, describing the engine as the step
@@ -97,8 +99,9 @@ C2. Statistics: one ``record_step`` per step, failed or not, describing the engi
     ``first_scheduled_time`` yet when the step was planned) counts its ``num_tokens`` as
     prefix-cache queries and its tokens already computed in the plan (``plan.num_computed``) as
     hits, and those become its ``num_cached_tokens``; each sibling that started *and got a
-    seat* counts its leader's ``num_computed_tokens`` as forked tokens. They are read off the
-    plan, so a failed step reports them too.
+    seat* counts its leader's ``num_computed_tokens`` as forked tokens. The queries, the hits
+    and ``num_cached_tokens`` are read off the plan before the executor runs, so a failed step
+    has them too (a failed step forks nobody).
 C3. Timestamps live on the request, stamped once each: ``first_scheduled_time`` = ``start`` of
     the first step that computed any of its tokens (a failed step computed nothing; a
     sibling's is the step that gave it its first token); ``first_token_time`` = ``end`` of the

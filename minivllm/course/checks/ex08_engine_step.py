@@ -55,7 +55,7 @@ def _(ex):
 # --- what a step does --------------------------------------------------------------------------
 @case(CASES, "tokens appended, requests ended, the executor's logprobs passed on", "StepLoop.run_step",
       "S2, C1: the tokens appended are the executor's (less the failed rows'); the StepOutput holds them "
-      "(sampled), every request that ended in the step, and result.logprobs / result.prompt_logprobs")
+      "(new_token_ids), every request that ended in the step, and result.logprobs / result.prompt_logprobs")
 def _(ex):
     trace = [R(f"q{i}", tuple((i + j) % 4 for j in range(3 + 2 * i)), 2 + i % 4, arrival_step=i // 2,
                stop=(3,) if i % 2 else ()) for i in range(7)]
