@@ -130,6 +130,23 @@ def _seats(setting: Setting, batch: int) -> int:
     return batch if setting.args["scheduler"] == "static" else MAX_NUM_SEQS
 
 
+def _figures(s, batch: int, kv_blocks: int, running: list[int], summary: dict) -> dict:
+    """One setting's counters, the same for the engine and the simulator: what explains its bar."""
+    return {
+        "adds": s.adds,
+        "kv_blocks": kv_blocks,
+        "seats": _seats(s, batch),
+        "mean_running": statistics.fmean(running),
+        "peak_running": max(running),
+        "steps": summary["num_steps"],
+        "padding_tokens": summary["padding_tokens"],
+        "prefill_tokens": summary["prefill_tokens"],
+        "prefix_hit_rate": summary["prefix_hit_rate"],
+        "acceptance_rate": summary["spec_acceptance_rate"],
+        "preemptions": summary["preemptions"],
+    }
+
+
 # --- the real engine ------------------------------------------------------------------------
 def engine_kv_memory(max_len_seqs: int = ENGINE_MAX_LEN_SEQS) -> int:
     """Bytes of a float32 KV cache that hold ``max_len_seqs`` sequences of ``MAX_MODEL_LEN``."""
@@ -173,19 +190,7 @@ def measure_engine(traces: list[w.Trace], max_len_seqs: int = ENGINE_MAX_LEN_SEQ
             stats = llm.stats()
             summary = stats.summary()
             running = stats.column("num_running")
-            results[s.name] = {
-                "adds": s.adds,
-                "kv_blocks": local_core(llm).kv.num_blocks,
-                "seats": _seats(s, batch),
-                "mean_running": statistics.fmean(running),
-                "peak_running": max(running),
-                "steps": summary["num_steps"],
-                "padding_tokens": summary["padding_tokens"],
-                "prefill_tokens": summary["prefill_tokens"],
-                "prefix_hit_rate": summary["prefix_hit_rate"],
-                "acceptance_rate": summary["spec_acceptance_rate"],
-                "preemptions": summary["preemptions"],
-            }
+            results[s.name] = _figures(s, batch, local_core(llm).kv.num_blocks, running, summary)
     base = chosen[0].name
     for s in chosen:
         r = results[s.name]
@@ -244,17 +249,7 @@ def measure_sim(trace: w.Trace, acceptance_rate: float = ACCEPTANCE_RATE, hardwa
         summary = sim.summary()
         running = stats.column("num_running")
         results[s.name] = {
-            "adds": s.adds,
-            "kv_blocks": sim.num_kv_blocks,
-            "seats": _seats(s, batch),
-            "mean_running": statistics.fmean(running),
-            "peak_running": max(running),
-            "steps": summary["num_steps"],
-            "padding_tokens": summary["padding_tokens"],
-            "prefill_tokens": summary["prefill_tokens"],
-            "prefix_hit_rate": summary["prefix_hit_rate"],
-            "acceptance_rate": summary["spec_acceptance_rate"],
-            "preemptions": summary["preemptions"],
+            **_figures(s, batch, sim.num_kv_blocks, running, summary),
             "output_tokens_per_s": summary["output_tokens_per_s"],
             "span_s": summary["total_time_s"],
         }
