@@ -254,9 +254,8 @@ class EngineCore(EngineCoreBase):
             waiting = self.forks.waiting
             out.forks = {r.request_id: waiting[r.request_id] for r in out.sampling_requests if r.request_id in waiting}
         counts = _PlanCounts(out)
-        for req, computed in zip(out.requests, out.num_computed, strict=True):
-            if req.first_scheduled_time is None:  # its first step: the prefix cache served these
-                req.num_cached_tokens = computed
+        for req, computed in counts.first_steps:  # the prefix cache served these
+            req.num_cached_tokens = computed
         try:
             result = self.executor.execute(out)
         except BaseException as err:
@@ -301,13 +300,11 @@ class EngineCore(EngineCoreBase):
         verified = [rid for rid in spec if rid in new]
         counts.drafts = sum(len(spec[rid]) for rid in verified)
         counts.accepted = sum(len(new[rid]) - 1 for rid in verified)
-        by_id = {r.request_id: r for r in out.requests if r.request_id in new}
-        before = {rid: by_id[rid].num_tokens for rid in verified if len(new[rid]) > 1}
+        # a request given several tokens: a stop among them may cut the list short
+        several = {r.request_id: (r, r.num_tokens) for r in out.requests if len(new.get(r.request_id, ())) > 1}
         finished = self.scheduler.update_from_output(out, new)
-        if before:
-            step_out.new_token_ids = new = dict(new)
-            for rid, n in before.items():
-                new[rid] = by_id[rid].all_token_ids[n:]
+        if several:
+            step_out.new_token_ids = {**new, **{rid: req.all_token_ids[n:] for rid, (req, n) in several.items()}}
         return finished
 
     def _fork_siblings(self, out: SchedulerOutput, result: ModelRunnerOutput) -> int:
@@ -379,15 +376,16 @@ class _PlanCounts:
     already computed are the hits), the prompt tokens forked siblings share, the drafts verified
     and accepted. It only reads: what the step writes to a request, the step does itself."""
 
-    __slots__ = ("queries", "hits", "forked", "drafts", "accepted", "out")
+    __slots__ = ("first_steps", "queries", "hits", "forked", "drafts", "accepted", "out")
 
     def __init__(self, out: SchedulerOutput):
         self.out = out
-        self.queries = self.hits = self.forked = self.drafts = self.accepted = 0
-        for req, computed in zip(out.requests, out.num_computed, strict=True):
-            if req.first_scheduled_time is None:
-                self.queries += req.num_tokens
-                self.hits += computed
+        # (request, its tokens already computed) for the requests in their first step
+        self.first_steps = [(req, computed) for req, computed in zip(out.requests, out.num_computed, strict=True)
+                            if req.first_scheduled_time is None]
+        self.queries = sum(req.num_tokens for req, _ in self.first_steps)
+        self.hits = sum(computed for _, computed in self.first_steps)
+        self.forked = self.drafts = self.accepted = 0
 
     def record(self, core: EngineCoreBase, start: float, now: float) -> None:
         core.stats.record_step(
