@@ -26,7 +26,7 @@ to the step listeners (and, with ``debug_checks``, checks the KV invariants afte
 
 Failure semantics (see ``docs/architecture.md``): a request whose row cannot be sampled
 (``ModelRunnerOutput.failed``) ends with status ``FINISHED_ERROR`` and its blocks are freed; an
-exception from the executor ends every request of that step the same way (the K/V the step may
+exception from the executor (or an output of the wrong shape) ends every request of that step the same way (the K/V the step may
 have half-written is never registered in the prefix cache) and the engine keeps serving the
 rest. Nothing waits forever: a step that plans nothing while requests wait raises
 :class:`EngineStalledError`.
@@ -258,6 +258,7 @@ class EngineCore(EngineCoreBase):
             req.num_cached_tokens = computed
         try:
             result = self.executor.execute(out)
+            _check_new_tokens(result)
         except BaseException as err:
             step_out = self._fail_step(out, err, start, counts)
             if not isinstance(err, Exception):  # KeyboardInterrupt: state is clean, re-raise
@@ -368,6 +369,16 @@ class EngineCore(EngineCoreBase):
             f"be scheduled (KV pool: {kv.num_free_blocks} of {kv.num_blocks} blocks free, "
             f"block_size {kv.block_size})"
         )
+
+
+def _check_new_tokens(result: ModelRunnerOutput) -> None:
+    """Refuse an executor's output whose ``new_token_ids`` holds something other than a list per
+    request (a bare token, say), naming the request, before any token of the step is appended:
+    the step then fails as a whole, as if the executor had raised."""
+    for rid, tokens in result.new_token_ids.items():
+        if type(tokens) is not list:
+            raise TypeError(f"the executor's new_token_ids[{rid!r}] must be a list of token ids, "
+                            f"got {type(tokens).__name__} {tokens!r}")
 
 
 class _PlanCounts:

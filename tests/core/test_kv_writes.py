@@ -176,3 +176,31 @@ def test_a_failed_step_registers_nothing():
     assert out.finished[0].status == RequestStatus.FINISHED_ERROR
     assert core.kv.num_used_blocks == 0 and not core.kv.block_pool.cached_blocks
     assert core.kv.get_computed_blocks(Request("b", prompt + [1]))[1] == 0
+
+
+def test_an_executor_output_of_the_wrong_shape_fails_its_step_naming_the_request():
+    """A bare token where ``new_token_ids`` holds a list per request: the step fails as if the
+    executor had raised (its requests end with an error that names the field and the request),
+    nothing of it is appended or registered, and a request outside the step goes on."""
+
+    class BareTokens(RandomTokens):
+        def execute(self, out):
+            result = super().execute(out)
+            if "bad" in result.new_token_ids:
+                result.new_token_ids["bad"] = result.new_token_ids["bad"][0]
+            return result
+
+    args = EngineArgs(block_size=4, max_model_len=64, num_kv_blocks=16, max_num_seqs=1)
+    core = EngineCore(build_scheduler(args, 64, lambda: 16), BareTokens(0), clock=lambda: 0.0)
+    bad = Request("bad", list(range(6)), SamplingParams(max_tokens=2))
+    good = Request("good", list(range(7)), SamplingParams(max_tokens=2, ignore_eos=True))
+    core.add_request(bad)
+    core.add_request(good)  # one seat: it waits outside the failing step
+    out = core.step()
+    assert list(out.failed) == ["bad"] and "new_token_ids['bad'] must be a list" in out.failed["bad"]
+    assert out.failed["bad"].startswith("TypeError")
+    assert bad.status is RequestStatus.FINISHED_ERROR and bad.output_token_ids == []
+    while core.has_unfinished_requests():
+        core.step()
+    assert good.status is RequestStatus.FINISHED_LENGTH_CAPPED and len(good.output_token_ids) == 2
+    assert core.kv.num_used_blocks == 0
