@@ -42,8 +42,11 @@ def test_quick_run_reports_latency_and_throughput_per_rate(tmp_path, capsys):
     for r in rows:
         assert r["config"] == "continuous" and r["completed"] == r["sent"] == 6 and not r["errors"]
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"]
-        assert 0 < r["itl_p50_ms"] <= r["itl_p99_ms"]
+        # an answer streamed in one chunk has no inter-token interval (short answers on an
+        # overloaded machine can all arrive so): none at all is reported as such, not as 0
+        assert r["itl_p50_ms"] is None or 0 < r["itl_p50_ms"] <= r["itl_p99_ms"]
         assert r["output_throughput"] > r["request_throughput"] > 0
+    assert any(r["itl_p50_ms"] is not None for r in rows), "no answer of either rate came in more than one chunk"
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert "| continuous | 8 | 6/6 |" in table and "| continuous | inf | 6/6 |" in table
