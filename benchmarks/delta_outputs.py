@@ -3,7 +3,7 @@
 A batch of requests generates long answers through minivllm's real ``EngineCore`` (scheduler,
 KV cache manager, prefix-cache hashing), with the model replaced by an executor that "samples"
 the tokens of a real story in a loop -- so the detokenizer decodes real text -- and the front
-end's real work after every step: the step's deltas (``step_deltas``) and the
+end's real work after every step: the step's deltas (``EngineCoreOutputs.deltas``) and the
 ``OutputProcessor`` (detokenizing, stop strings, building outputs). Per output token it times
 
 * the core's bookkeeping (a step minus the executor),
@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 
 from minivllm import TINY_MODEL_DIR, SamplingParams
-from minivllm.core.core_loop import step_deltas
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -91,9 +90,9 @@ def run(kind: RequestOutputKind, length: int, early: int, batch: int, stop: bool
     while core.has_unfinished_requests():
         executor_time[0] = 0.0
         t0 = time.perf_counter()
-        step_out = core.step()
+        outputs = core.step()
         t1 = time.perf_counter()
-        op.process(step_deltas(core, step_out))
+        op.process(outputs.deltas)
         t2 = time.perf_counter()
         core_times.append(t1 - t0 - executor_time[0])
         front_times.append(t2 - t1)

@@ -55,10 +55,10 @@ def run_once(n: int, block_size: int, seed: int, prefix_caching: bool) -> tuple[
         prefill_tokens += out.num_prefill_tokens  # what EngineStats.record_step reads
         t1 = clock()
         # the fake model runner (not timed): token 7 for every request that samples
-        sampled = {r.request_id: 7 for r, s in zip(out.requests, out.sample) if s}
+        sampled = {r.request_id: [7] for r, s in zip(out.requests, out.sample) if s}
         t2 = clock()
         kv.commit_written_blocks()
-        sched.update_from_output(sampled)
+        sched.update_from_output(out, sampled)
         elapsed += (t1 - t0) + (clock() - t2)
         decode_tokens += len(sampled)
         steps += 1

@@ -112,7 +112,7 @@ class PoisonRows(Sampler):
 def per_request_entries(llm: LLM) -> int:
     e = llm.engine
     return (len(e.output_processor.families) + len(e.output_processor.children)
-            + len(local_core(e).scheduler.requests) + len(local_core(e).forks)
+            + len(local_core(e).request_ids())
             + len(llm._inboxes))
 
 

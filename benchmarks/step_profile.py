@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.core.engine_core import EngineCore, StepOutput
+from minivllm.core.engine_core import EngineCore
+from minivllm.core.messages import EngineCoreOutputs
 from minivllm.workloads import LogNormalLengths, fixed
 
 PROMPT = LogNormalLengths(mean=120, sigma=0.8, low=4, high=400)
@@ -95,11 +96,11 @@ def timing_core(totals: dict[str, float]):
         runner.sampler = _Timed(runner.sampler, totals, "sample")
         core = EngineCore(scheduler, TimedExecutor(runner, totals), **kwargs)
 
-        def phases(step: StepOutput) -> None:
+        def phases(step: EngineCoreOutputs) -> None:
             executor = core.executor
             totals["schedule"] += executor.started - step.start_time
-            totals["update"] += step.end_time - executor.ended
-            totals["step"] += step.end_time - step.start_time
+            totals["update"] += step.timestamp - executor.ended
+            totals["step"] += step.timestamp - step.start_time
 
         core.add_step_listener(phases)
         return core

@@ -35,7 +35,14 @@ What you are given
   ``out.add(request, num_computed, num_new, block_ids)`` records that the step computes the
   request's tokens ``num_computed .. num_computed + num_new - 1`` into the blocks of
   ``block_ids``; the step samples a token for the request when those reach its last token.
-  Its ``finished_req_ids`` is the engine's to fill (it replaces whatever a scheduler puts there).
+  Its ``finished_req_ids`` may stay empty here (minivllm's scheduler fills it for speculative
+  decoding's sake).
+* ``RequestDelta`` (``minivllm/core/messages.py``), what one step did for one request:
+  ``RequestDelta(request_id, new_token_ids, finish_reason, stop_reason)``; leave
+  ``finish_reason`` and ``stop_reason`` out (``None``) for a request that goes on. For one that
+  ended, ``finish_reason`` is its status's (``status.finish_reason``: ``"stop"``, ``"length"``)
+  and ``stop_reason`` the request's own (``req.stop_reason``, which ``check_stop`` sets: the stop
+  token that ended it, or ``None``).
 
 The policy (minivllm's ``Scheduler`` with chunked prefill off). The checks compare every
 step's plan, who ends and the blocks in use with minivllm's, so these statements are the
@@ -60,9 +67,12 @@ specification. Each says what must be true of a step, not how to get there:
    speculative decoding's steps give some requests several; ``plan``: the step's own plan) to
    its request, in order; a request ends when ``check_stop(token, config.max_model_len)``
    returns a status for a token it appended, with that status (``req.status = status``: the
-   scheduler sets it), and the tokens after that one are dropped. A request that has ended holds no blocks and no seat, and is in
-   none of the scheduler's collections, from the moment the call that ended it returns. The
-   others keep their order. It returns the requests it ended, in any order.
+   scheduler sets it), and the tokens after that one are dropped. A request that has ended
+   holds no blocks and no seat, and is in none of the scheduler's collections, from the moment
+   the call that ended it returns. The others keep their order. It returns one
+   ``RequestDelta`` per request in ``new_token_ids``, in that order: the tokens it appended
+   (cut after the token that ended it) and, for a request that ended, its ``finish_reason`` and
+   ``stop_reason``.
 6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running
    requests among ``ids`` (an abort, a stop string, a failed row) with ``status``, as in 5, and
    returns them, in any order; other ids (unknown, or ended already) are ignored.
@@ -89,6 +99,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from minivllm.core.interfaces import KVCacheManagerInterface
+from minivllm.core.messages import RequestDelta
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -126,9 +137,10 @@ class ContinuousScheduler:
         ``num_computed_tokens`` advanced by the tokens it computes."""
         raise NotImplementedError("ex02 ContinuousScheduler.schedule: What it must do is in its docstring. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
-    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[RequestDelta]:
         """Append each request's new tokens (``new_token_ids``: request id -> tokens) to it,
-        retire the requests that are done (policy 5) and return them."""
+        retire the requests that are done (policy 5) and return one ``RequestDelta`` per request
+        in ``new_token_ids``: the tokens appended and, for one that ended, how it ended."""
         raise NotImplementedError("ex02 ContinuousScheduler.update_from_output: What it must do is in its docstring. Yours to write; stuck? course.hint('ex02') (notebooks/02_continuous_batching.ipynb)")
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:

@@ -22,7 +22,7 @@ def per_request_entries(llm) -> int:
     e = llm.engine
     return (
         len(e.output_processor.families) + len(e.output_processor.children)
-        + len(local_core(e).scheduler.requests) + len(local_core(e).forks)
+        + len(local_core(e).request_ids())
         + len(llm._inboxes)
     )
 

@@ -12,7 +12,7 @@ in-process mode) or as the main loop of the engine core's own process
 
 It blocks while idle, steps back to back while it has work, and takes new commands between
 steps, so a request that arrives mid-step joins the very next batch. What a step produced goes
-out as deltas (:func:`step_deltas`): each sample's new token ids, not its whole text.
+out as the step's own :class:`EngineCoreOutputs`: each sample's new token ids, not its whole text.
 
 Failure semantics: a request the core refuses (an id already in use) ends at once with an
 error delta; if ``step()`` itself raises, every request the core holds ends with the error (its
@@ -24,72 +24,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from minivllm.core.engine_core import EngineCore, StepOutput
+from minivllm.core.engine_core import EngineCore
 from minivllm.core.messages import (
     SHUTDOWN,
     UTILITIES,
-    CoreState,
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishRequests,
     RequestDelta,
-    StepSummary,
     UtilityCall,
     UtilityResult,
     sample_ids,
 )
-from minivllm.outputs import RequestMetrics
 from minivllm.request import RequestStatus
 
 logger = logging.getLogger("minivllm")
-
-
-def core_state(core: EngineCore) -> CoreState:
-    sched, kv = core.scheduler, core.kv
-    return CoreState(len(sched.running), sched.num_waiting, kv.num_used_blocks, kv.num_blocks,
-                     core.num_unfinished_requests)
-
-
-def step_deltas(core: EngineCore, step_out: StepOutput) -> list[RequestDelta]:
-    """One :class:`RequestDelta` per sample the step gave a token, ended, or computed prompt
-    log-probabilities for. Costs O(samples in the step), whatever the length of the answers."""
-    finished = {r.request_id: r for r in step_out.finished}
-    live = core.scheduler.requests
-    deltas: dict[str, RequestDelta] = {}
-
-    def delta(rid: str) -> RequestDelta:
-        d = deltas.get(rid)
-        if d is None:
-            req = finished.get(rid) or live.get(rid)
-            d = deltas[rid] = RequestDelta(rid, [], num_cached_tokens=req.num_cached_tokens if req else 0)
-        return d
-
-    logprobs = step_out.logprobs
-    for rid, tokens in step_out.new_token_ids.items():
-        d = delta(rid)
-        d.new_token_ids.extend(tokens)
-        entry = logprobs.get(rid)
-        if entry is not None:
-            d.new_logprobs = [entry]
-    for rid, entries in step_out.prompt_logprobs.items():
-        delta(rid).prompt_logprobs = entries
-    for req in step_out.finished:
-        d = delta(req.request_id)
-        d.finish_reason = req.status.finish_reason
-        d.stop_reason = req.stop_reason
-        d.error = step_out.failed.get(req.request_id)
-        d.metrics = RequestMetrics.from_request(req)  # the times the core stamped on it
-    return list(deltas.values())
-
-
-def step_summary(core: EngineCore, steps_before: int) -> StepSummary | None:
-    """The figures of the step just recorded (``None`` if the step loop recorded none)."""
-    stats = core.stats
-    if stats.num_steps == steps_before or not stats.steps:
-        return None
-    s = stats.steps[-1]
-    return StepSummary(s.num_batched_seqs, s.num_preemptions, s.prefix_cache_queries, s.prefix_cache_hits,
-                       s.num_draft_tokens, s.num_accepted_tokens)
 
 
 class EngineCoreLoop:
@@ -116,7 +65,7 @@ class EngineCoreLoop:
             if core.has_unfinished_requests():
                 self.step()
             elif changed or self._deltas:
-                self._send(None)
+                self._send()
 
     # --- commands ----------------------------------------------------------------------------
     def handle(self, command) -> bool:
@@ -163,7 +112,7 @@ class EngineCoreLoop:
 
                 value = run_beam_search(core, *call.args, eos_token_ids=self.eos_token_ids)
             else:  # "state"
-                value = core_state(core)
+                value = core.core_state()
         except Exception as error:  # noqa: BLE001 - the answer carries the error back
             return UtilityResult(call.call_id, error=f"{type(error).__name__}: {error}")
         return UtilityResult(call.call_id, value)
@@ -173,13 +122,12 @@ class EngineCoreLoop:
         core = self.core
         before = core.stats.num_steps
         try:
-            step_out = core.step()
+            outputs = core.step()
         except Exception as error:  # noqa: BLE001 - fail the requests in flight, keep serving
             self._fail_everything(error)
-            self._send(step_summary(core, before))
+            self._send(EngineCoreOutputs([], step=core.step_summary(before)))
             return
-        self._deltas.extend(step_deltas(core, step_out))
-        self._send(step_summary(core, before), step_out.end_time)
+        self._send(outputs)
 
     def _fail_everything(self, error: Exception) -> None:
         """``step()`` raised: nobody can tell which requests were in the failed batch or how
@@ -189,11 +137,16 @@ class EngineCoreLoop:
         ended = self.core.finish_requests(list(self.core.scheduler.requests), RequestStatus.FINISHED_ERROR)
         self._deltas.extend(RequestDelta(r.request_id, [], "error", error=message) for r in ended)
 
-    def _send(self, summary: StepSummary | None, timestamp: float | None = None) -> None:
-        deltas, self._deltas = self._deltas, []
-        self.emit(EngineCoreOutputs(deltas, core_state(self.core), summary, timestamp))
+    def _send(self, outputs: EngineCoreOutputs | None = None) -> None:
+        """Emit ``outputs`` (or a message with no step), with the deltas of samples that
+        commands ended since the last message first, and the core's state now."""
+        outputs = outputs or EngineCoreOutputs([])
+        if self._deltas:
+            outputs.deltas[:0], self._deltas = self._deltas, []
+        outputs.state = self.core.core_state()
+        self.emit(outputs)
 
     def _shutdown(self) -> None:
         core = self.core
-        core.abort_requests(list(core.scheduler.requests))
-        self._send(None)
+        core.abort_requests(core.request_ids())
+        self._send()

@@ -8,7 +8,8 @@ the executor draws a first token for each sibling from the same row of logits (t
 Until that step a sibling is in no queue of the scheduler; it waits here.
 
 :class:`PendingForks` is that waiting room's bookkeeping -- adding, finding and ending waiting
-siblings. Deciding when they fork is the step loop's (``EngineCore.step``).
+siblings -- kept by the forking scheduler (``Scheduler.forks``), which names them in the plan of
+their leader's sampling step. Forking them then is the step loop's (``EngineCore.step``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ class PendingForks:
     def take(self, leader_id: str) -> list[Request]:
         """The leader's waiting siblings, which leave the waiting room (they fork now)."""
         return self.waiting.pop(leader_id, [])
+
+    def discard(self, leader_id: str, sibling: Request) -> None:
+        """``sibling`` no longer waits for ``leader_id`` (it forked); nothing if it did not."""
+        kids = self.waiting.get(leader_id)
+        if kids and sibling in kids:
+            kids.remove(sibling)
+            if not kids:
+                del self.waiting[leader_id]
 
     def end(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End the siblings of the leaders named in ``request_ids`` and the siblings named

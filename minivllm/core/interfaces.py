@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from minivllm.core.messages import Logprobs, RequestDelta
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
@@ -131,11 +132,13 @@ class SchedulerInterface(Protocol):
     """Decides, every step, which requests compute how many tokens.
 
     ``schedule()`` returns the step's :class:`SchedulerOutput` (and advances each scheduled
-    request's ``num_computed_tokens``); ``update_from_output(plan, new_token_ids)`` appends the
-    step's tokens (request id -> the tokens it got, as :class:`ModelRunnerOutput` holds them),
-    applies the stop rules to each token, frees finished requests and returns them. Committing the step's
-    blocks to the prefix cache is the step loop's, not the scheduler's; the statistics (tokens
-    per phase, prefix-cache hits) are read off the plan, so a scheduler keeps none.
+    request's ``num_computed_tokens``); nothing edits the plan after that.
+    ``update_from_output(plan, new_token_ids)`` appends the step's tokens (request id -> the
+    tokens it got, as :class:`ModelRunnerOutput` holds them), applies the stop rules to each
+    token, frees finished requests and returns what changed, one ``RequestDelta`` per request.
+    Committing the step's blocks to the prefix cache is the step loop's, not the scheduler's;
+    the statistics (tokens per phase, prefix-cache hits) are read off the plan, so a scheduler
+    keeps none.
     """
 
     kv: KVCacheManagerInterface
@@ -149,9 +152,10 @@ class SchedulerInterface(Protocol):
 
     def schedule(self) -> SchedulerOutput: ...
 
-    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[RequestDelta]:
         """Append each request's new tokens (``plan``: the step's own plan), one by one under the
-        stop rules (tokens after a stop are dropped); return the requests that ended."""
+        stop rules (tokens after a stop are dropped); return one ``RequestDelta`` per request in
+        ``new_token_ids``: the tokens appended and, for one that ended, how."""
         ...
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
@@ -167,10 +171,26 @@ class SchedulerInterface(Protocol):
 
 @runtime_checkable
 class ForkingScheduler(SchedulerInterface, Protocol):
-    """A scheduler over a :class:`ForkingKVCacheManager` that can fork a running request."""
+    """A scheduler over a :class:`ForkingKVCacheManager` that can fork a running request.
+
+    Parallel sampling (``n > 1``): ``add_request(leader, siblings)`` queues the leader; its
+    siblings wait in no queue (:attr:`pending_siblings`) until the leader samples its first
+    token, and the plan of that step names them (``SchedulerOutput.forks``) so that the executor
+    draws their first tokens from the leader's row; the step loop then forks each off the leader.
+    Ending a leader ends its waiting siblings. Its plans name in ``finished_req_ids`` the
+    requests that ended since the previous plan (an executor drops what it keeps for them).
+    """
+
+    @property
+    def pending_siblings(self) -> dict[str, list[Request]]:
+        """Leader request id -> its siblings that have not forked off it yet."""
+        ...
+
+    def add_request(self, request: Request, siblings: Sequence[Request] = ()) -> None: ...
 
     def fork_request(self, parent: Request, child: Request) -> None:
-        """``child`` continues from ``parent``'s tokens. With a seat free (``max_num_seqs``
+        """``child`` (a waiting sibling of ``parent``, or any new request: beam search) continues
+        from ``parent``'s tokens and waits no longer. With a seat free (``max_num_seqs``
         counts every running sequence, forks included) it runs at once, sharing every block of
         ``parent`` copy-on-write; without one it waits for a seat like any request (and, when
         admitted, computes the tokens the prefix cache does not hold)."""
@@ -190,20 +210,6 @@ class SpeculativeScheduler(SchedulerInterface, Protocol):
         of the step that proposed them; each already fits the request's length limits). A
         request that ended or left the running set meanwhile has none."""
         ...
-
-
-@dataclass
-class Logprobs:
-    """Log-probabilities of one sampled position: the chosen token's, and the ``k`` best.
-
-    ``token_id``/``logprob``: the token that was sampled and its log-probability; ``rank``: its
-    rank among all tokens (1 = most likely); ``top``: ``[(token_id, logprob), ...]``, best first.
-    """
-
-    token_id: int
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass

@@ -50,10 +50,12 @@ class KVWriteTracker:
         tokens = req.all_token_ids if tokens is None else tokens
         return (position, tokens[position], self._prefix_hash(req, position // self.block_size, tokens))
 
+    def forget(self, request_id: str) -> None:
+        """The request ended: drop what was kept of its tokens."""
+        self._chains.pop(request_id, None)
+
     def check_step(self, out: SchedulerOutput) -> None:
         """Apply the step's copies and writes to the shadow cache, then check all its reads."""
-        for rid in out.finished_req_ids:
-            self._chains.pop(rid, None)
         bs, shadow = self.block_size, self.shadow
         for src, dst in out.blocks_to_copy:
             for off in range(bs):

@@ -26,10 +26,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from minivllm.core.interfaces import Logprobs
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import RequestMetrics
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class Logprobs:
+    """Log-probabilities of one sampled position: the chosen token's, and the ``k`` best.
+
+    ``token_id``/``logprob``: the token that was sampled and its log-probability; ``rank``: its
+    rank among all tokens (1 = most likely); ``top``: ``[(token_id, logprob), ...]``, best first.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
 
 
 def sample_ids(request_id: str, n: int) -> list[str]:
@@ -135,15 +150,45 @@ class StepSummary:
 
 @dataclass(slots=True)
 class EngineCoreOutputs:
-    """One message from the core: the deltas of one step (or of a command that ended samples),
-    the state it left, the step's figures (``None`` when no step ran) and ``timestamp``, the
-    core's clock when the step ended -- the moment its tokens exist, which the core stamps as a
-    request's first-token time (``None`` when no step ran)."""
+    """What one engine step did, as the core hands it on (vLLM's ``EngineCoreOutputs``): the
+    deltas of its samples, the state it left, the step's figures and ``timestamp``, the core's
+    clock when the step ended -- the moment its tokens exist, which the core stamps as a
+    request's first-token time. ``EngineCore.step()`` returns it, the step listeners get it, and
+    the core loop sends it to the front end (with the deltas of samples a command ended; a
+    message that carries no step has ``step``, ``timestamp`` and ``plan`` ``None``).
+
+    ``plan`` and ``start_time`` (the step's :class:`SchedulerOutput` and the clock before it was
+    planned) are for whoever watches the step in the core's own process; they never cross to
+    another process (the plan holds the requests themselves), see :meth:`__reduce__`. The
+    properties below read the deltas the way a test or a listener asks about a step."""
 
     deltas: list[RequestDelta]
-    state: CoreState
+    state: CoreState | None = None
     step: StepSummary | None = None
     timestamp: float | None = None
+    plan: SchedulerOutput | None = None
+    start_time: float | None = None
+
+    def __reduce__(self):
+        """Pickled without the plan and the start time: only the deltas, state and figures
+        cross to the front end's process."""
+        return EngineCoreOutputs, (self.deltas, self.state, self.step, self.timestamp)
+
+    @property
+    def new_token_ids(self) -> dict[str, list[int]]:
+        """Sample id -> the tokens appended to it in this step (for those that got any)."""
+        return {d.request_id: d.new_token_ids for d in self.deltas if d.new_token_ids}
+
+    @property
+    def finish_reasons(self) -> dict[str, str]:
+        """Sample id -> how it ended (``"stop"``, ``"length"``, ``"abort"``, ``"error"``), for
+        the samples that ended."""
+        return {d.request_id: d.finish_reason for d in self.deltas if d.finish_reason is not None}
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Sample id -> the error it ended with, for the samples that failed."""
+        return {d.request_id: d.error or "" for d in self.deltas if d.finish_reason == "error"}
 
 
 @dataclass(frozen=True, slots=True)

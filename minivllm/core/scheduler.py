@@ -28,7 +28,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from minivllm.core.forks import PendingForks
 from minivllm.core.interfaces import ForkingKVCacheManager
+from minivllm.core.messages import RequestDelta
 from minivllm.core.policies import POLICIES, FCFSPolicy, make_policy
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request, RequestStatus
@@ -84,6 +86,7 @@ class SchedulerBase:
         self._waiting_heap: list[tuple[int, float, int, Request]] = []
         self._counter = itertools.count()
         self.requests: dict[str, Request] = {}
+        self._ended_ids: set[str] = set()  # ended since the last plan (its finished_req_ids)
 
     # --- queue helpers -------------------------------------------------------------------
     @property
@@ -123,26 +126,30 @@ class SchedulerBase:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
 
-    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
-        """Append each request's new tokens, apply stop rules, free finished requests.
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[RequestDelta]:
+        """Append each request's new tokens, apply stop rules, free finished requests, and return
+        what changed: one :class:`RequestDelta` per request in ``new_token_ids``.
 
         ``new_token_ids`` maps request id -> the tokens it got this step (one; under speculative
         decoding the drafts it accepted, then the token sampled after them), for the requests
         that sampled in ``plan``. The stop rules apply to each token in turn: a token that ends
-        the request is its last, and the ones after it are dropped. Returns the requests that
-        finished. A request that verified drafts (``plan.spec_token_ids``) keeps only the K/V of
-        the tokens it kept: its ``num_computed_tokens`` goes back to its last kept token and the
-        blocks past what its next step needs are trimmed (:meth:`_roll_back`). (Committing the
-        step's filled blocks to the prefix cache is the step loop's: ``EngineCore.step``, or
-        whoever drives a scheduler by hand.)
+        the request is its last, and the ones after it are dropped. A delta holds the tokens
+        appended and, for a request that ended, its ``finish_reason`` and ``stop_reason``. A
+        request that verified drafts (``plan.spec_token_ids``) keeps only the K/V of the tokens
+        it kept: its ``num_computed_tokens`` goes back to its last kept token and the blocks past
+        what its next step needs are trimmed (:meth:`_roll_back`). (Committing the step's filled
+        blocks to the prefix cache is the step loop's: ``EngineCore.step``, or whoever drives a
+        scheduler by hand.)
         """
         max_len = self.config.max_model_len
         requests = self.requests
+        deltas: list[RequestDelta] = []
         finished: list[Request] = []
         for rid, tokens in new_token_ids.items():
             req = requests[rid]
             all_tokens = req.all_token_ids
-            for token in tokens:
+            delta = RequestDelta(rid, tokens)
+            for i, token in enumerate(tokens):
                 all_tokens.append(token)
                 # cheap test first (a stop token, or the length limit); check_stop has the details
                 n = len(all_tokens)
@@ -153,7 +160,9 @@ class SchedulerBase:
                             self._remove_waiting({rid})
                         req.status = status
                         finished.append(req)
+                        delta = RequestDelta(rid, tokens[: i + 1], status.finish_reason, req.stop_reason)
                         break
+            deltas.append(delta)
         if plan.spec_token_ids:
             self._roll_back(plan.spec_token_ids)
         if finished:
@@ -161,7 +170,7 @@ class SchedulerBase:
             self.running = [r for r in self.running if r.request_id not in done]
             for r in finished:
                 self._release(r)
-        return finished
+        return deltas
 
     def _roll_back(self, verified: dict[str, list[int]]) -> None:
         """After a step that verified drafts: a request's K/V is valid up to its last kept token
@@ -179,6 +188,12 @@ class SchedulerBase:
     def _release(self, req: Request) -> None:
         self.kv.free(req)
         self.requests.pop(req.request_id, None)
+        self._ended_ids.add(req.request_id)
+
+    def _take_ended_ids(self) -> set[str]:
+        """The requests that ended since the last plan (a plan's ``finished_req_ids``)."""
+        ended, self._ended_ids = self._ended_ids, set()
+        return ended
 
     def _remove_waiting(self, gone: set[str]) -> None:
         if self._waiting_fifo:
@@ -224,6 +239,29 @@ class Scheduler(SchedulerBase):
         self.num_preemptions = 0
         # copy-on-write copies exist only for a KV manager that can share blocks
         self._forking_kv = isinstance(kv_cache_manager, ForkingKVCacheManager)
+        self.forks = PendingForks()  # n > 1: siblings waiting for their leader's first token
+
+    @property
+    def pending_siblings(self) -> dict[str, list[Request]]:
+        """``n > 1``: leader request id -> its siblings that have not forked off it yet (they are
+        in no queue: only the leader computes the prompt)."""
+        return self.forks.waiting
+
+    def add_request(self, request: Request, siblings=()) -> None:
+        """Queue ``request``. ``siblings`` (parallel sampling, ``n > 1``): requests with the same
+        prompt that wait, in no queue, until ``request`` samples its first token; the plan of that
+        step names them (``SchedulerOutput.forks``) and the step loop then forks each off it
+        (:meth:`fork_request`)."""
+        super().add_request(request)
+        self.forks.add(request.request_id, siblings)
+
+    def finish_requests(self, request_ids, status: RequestStatus) -> list[Request]:
+        """As :meth:`SchedulerBase.finish_requests`; the waiting siblings of a leader that ends,
+        and the waiting siblings named, end too."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        ended = self.forks.end(ids, status) if self.forks else []
+        ended.extend(super().finish_requests(ids, status))
+        return ended
 
     def _pick_victim(self) -> Request:
         return self.policy.choose_victim(self.running)
@@ -251,6 +289,11 @@ class Scheduler(SchedulerBase):
             self._schedule_waiting(out, budget)
         if self._forking_kv:
             out.blocks_to_copy = self.kv.take_pending_copies()
+        if self.forks:  # the siblings of a leader sampling now draw their first token from its row
+            waiting = self.forks.waiting
+            out.forks = {r.request_id: list(waiting[r.request_id])
+                         for r in out.sampling_requests if r.request_id in waiting}
+        out.finished_req_ids = self._take_ended_ids()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -359,6 +402,7 @@ class Scheduler(SchedulerBase):
         ``parent`` -- same computed prefix, every KV block shared copy-on-write; without one it
         waits at the front of the queue holding no block, and once admitted computes its tokens
         like a preempted request (the prefix cache, when on, holds the prompt's full blocks)."""
+        self.forks.discard(parent.request_id, child)  # a waiting sibling waits no longer
         child.all_token_ids = list(parent.all_token_ids)
         self.requests[child.request_id] = child
         if len(self.running) < self.config.max_num_seqs:

@@ -89,10 +89,11 @@ class SchedulerOutput:
 
     Plus ``num_padding`` (static batching only: request id -> thrown-away rows), ``preempted``
     (requests sent back to the waiting queue this step), ``blocks_to_copy`` (copy-on-write
-    ``(src, dst)`` block pairs to copy before the forward pass) and ``forks`` (parallel
-    sampling: request id -> child requests forked off it once it samples this step; each child
-    draws its own first token from the same logits row) and ``finished_req_ids`` (requests that
-    ended since the previous step, so an executor can drop what it keeps per request), and
+    ``(src, dst)`` block pairs to copy before the forward pass), ``forks`` (parallel
+    sampling: request id -> its waiting siblings, forked off it once it samples this step; each
+    draws its own first token from the same logits row), ``finished_req_ids`` (requests that
+    ended since the previous plan, so an executor can drop what it keeps per request) -- both
+    filled by a forking scheduler, empty otherwise -- and
     ``spec_token_ids`` (speculative decoding: request id -> the draft tokens its entry verifies;
     such an entry computes ``1 + len(drafts)`` tokens: its last token, then the drafts, and
     samples from all of those rows).

@@ -13,6 +13,7 @@ Each admitted request reserves KV room for its worst case (prompt + ``max_tokens
 
 from __future__ import annotations
 
+from minivllm.core.messages import RequestDelta
 from minivllm.core.scheduler import SchedulerBase, SchedulerConfig, SchedulerOutput
 from minivllm.request import Request, RequestStatus
 
@@ -57,6 +58,7 @@ class StaticBatchScheduler(SchedulerBase):
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        out.finished_req_ids = self._take_ended_ids()
         block_ids = self.kv.get_block_ids
         if all(r.is_finished for r in self.batch):
             batch = self._form_batch()
@@ -77,10 +79,10 @@ class StaticBatchScheduler(SchedulerBase):
                 r.num_computed_tokens += 1
         return out
 
-    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[Request]:
-        finished = super().update_from_output(plan, new_token_ids)
+    def update_from_output(self, plan: SchedulerOutput, new_token_ids: dict[str, list[int]]) -> list[RequestDelta]:
+        deltas = super().update_from_output(plan, new_token_ids)
         self._end_batch_if_done()
-        return finished
+        return deltas
 
     def finish_requests(self, request_ids, status):
         ended = super().finish_requests(request_ids, status)
@@ -97,6 +99,7 @@ class StaticBatchScheduler(SchedulerBase):
         # Keep the finished request's blocks until its batch ends (its seat stays occupied);
         # they are freed by _end_batch_if_done. An aborted request that never got a seat has none.
         self.requests.pop(req.request_id, None)
+        self._ended_ids.add(req.request_id)
         if req not in self.batch:
             self.kv.free(req)
 

@@ -141,7 +141,7 @@ class BlockMapRecorder:
         return core
 
     def record(self, core: EngineCore, result) -> None:
-        out = result.scheduler_output
+        out = result.plan
         live = core.scheduler.live_requests()
         frame = snapshot(core.kv, live, step=len(self.frames), copies=out.blocks_to_copy)
         frame.caption = f"step {frame.step}: " + "; ".join(self._events(out, result, frame))
@@ -174,9 +174,10 @@ class BlockMapRecorder:
             old = before.get(rid)
             if old is not None and len(table) > len(old):
                 events.append(f"{rid} +block {table[len(old):]}")
-        ended = {r.request_id for r in result.finished} | {r.request_id for r in out.preempted}
-        for req in result.finished:
-            events.append(f"{req.request_id} finished (freed {before.get(req.request_id, [])})")
+        finished = list(result.finish_reasons)
+        ended = set(finished) | {r.request_id for r in out.preempted}
+        for rid in finished:
+            events.append(f"{rid} finished (freed {before.get(rid, [])})")
         for rid in before:  # ended from outside the step (a beam dropped by beam search, an abort)
             if rid not in now and rid not in ended:
                 events.append(f"{rid} dropped (released {before[rid]})")

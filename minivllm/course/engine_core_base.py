@@ -11,25 +11,27 @@ What the base class gives is infrastructure, none of the step's decisions:
 
 * the parts: ``self.scheduler``, ``self.kv``, ``self.executor``, ``self.clock()``,
   ``self.stats``, ``self.debug_checks``;
-* requests: ``add_request`` (the siblings of an ``n > 1`` request wait in
-  ``self.pending_siblings`` until their leader samples), ``finish_requests(ids, status)`` (ends
-  requests -- and siblings still waiting on them -- frees their blocks and records them
-  finished), ``abort_requests``;
-* ``begin_step(plan)`` -- what every plan must tell the executor and the debug checks before it
-  runs;
-* ``record_finish(request, now)`` -- a request ended: its finished time, the statistics, the
-  executor told at the next step;
-* reporting: ``step()`` runs the subclass's ``run_step()`` and hands the ``StepOutput`` it returns
-  to the step listeners (with ``debug_checks=True``, the KV cache manager's invariants are
-  checked after it).
+* requests: ``add_request`` (the siblings of an ``n > 1`` request wait with the scheduler until
+  their leader samples), ``finish_requests(ids, status)`` (ends requests -- and siblings still
+  waiting on them -- frees their blocks and records them finished), ``fail_requests(failed)``
+  (the same with ``FINISHED_ERROR`` and a message each, returning their deltas),
+  ``abort_requests``;
+* ``begin_step(plan)`` -- the debug checks every plan goes through before it runs;
+* ``record_finish(request, now)`` -- a request ended: its finished time, the statistics;
+* ``step_outputs(plan, start, end, deltas, result)`` -- the step's ``EngineCoreOutputs`` from its
+  deltas;
+* reporting: ``step()`` runs the subclass's ``run_step()``, adds the state the step left to the
+  ``EngineCoreOutputs`` it returns and hands it to the step listeners (with
+  ``debug_checks=True``, the KV cache manager's invariants are checked after it).
 
-Here too is what a step hands back and may raise -- ``StepOutput``, ``EngineStalledError``, and
-``TokenChooser`` (the type of beam search's ``choose_tokens``) -- so that exercise 08 imports its
-parts from this module alone.
+Here too is what a step hands back and may raise -- ``EngineCoreOutputs``, ``EngineStalledError``,
+and ``TokenChooser`` (the type of beam search's ``choose_tokens``) -- so that exercise 08 imports
+its parts from this module alone.
 """
 
 from __future__ import annotations
 
-from minivllm.core.engine_core import EngineCoreBase, EngineStalledError, StepOutput, TokenChooser
+from minivllm.core.engine_core import EngineCoreBase, EngineStalledError, TokenChooser
+from minivllm.core.messages import EngineCoreOutputs
 
-__all__ = ["EngineCoreBase", "EngineStalledError", "StepOutput", "TokenChooser"]
+__all__ = ["EngineCoreBase", "EngineCoreOutputs", "EngineStalledError", "TokenChooser"]

@@ -86,11 +86,8 @@ ENGINE_PARTS: dict[str, tuple[str, ...]] = {
     ),
     "ex08_engine_step": (
         "minivllm.core.engine_core:EngineCore.run_step",
-        "minivllm.core.engine_core:EngineCore._update",
         "minivllm.core.engine_core:EngineCore._fail_step",
-        "minivllm.core.engine_core:EngineCore._fail_requests",
         "minivllm.core.engine_core:EngineCore._fork_siblings",
-        "minivllm.core.engine_core:EngineCore._stamp_first_tokens",
         "minivllm.core.engine_core:_PlanCounts.__init__",
     ),
     "ex09_reasoning": (

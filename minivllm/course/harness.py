@@ -129,6 +129,9 @@ class TraceRequest:
 
 
 # --- what a run records ---------------------------------------------------------------------------
+_STATUS_OF_REASON = {status.finish_reason: status.name for status in RequestStatus if status.is_finished}
+
+
 @dataclass(slots=True)
 class StepRecord:
     """One engine step. ``running`` / ``waiting``: the queues before the step was planned, as
@@ -142,7 +145,7 @@ class StepRecord:
     computed: list[int]
     tables: list[list[int]]
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) block copies before the step
-    tokens: dict[str, list[int]]  # request -> the tokens appended (StepOutput.new_token_ids)
+    tokens: dict[str, list[int]]  # request -> the tokens appended (its delta's new_token_ids)
     preempted: list[str]
     finished: list[str]  # requests that ended in this step, in the order they ended
     statuses: dict[str, str]  # finished request -> its status
@@ -439,16 +442,19 @@ class TraceRun:
             if out.finished:
                 self._finished_output(out)
 
-    def _record(self, core_out) -> None:
-        """The step listener: one record from what the step planned and did."""
-        out = core_out.scheduler_output
-        statuses = {r.request_id: r.status.name for r in core_out.finished}
-        rec = self._make_record(out.decisions(), {rid: list(t) for rid, t in core_out.new_token_ids.items()},
-                                [r.request_id for r in out.preempted], statuses, core_out.failed,
-                                (core_out.start_time, core_out.end_time), None, out, core_out)
+    def _record(self, outputs) -> None:
+        """The step listener: one record from what the step planned and did (its
+        ``EngineCoreOutputs``)."""
+        plan, deltas, known = outputs.plan, outputs.deltas, self.result.requests
+        # an ended request's status as it holds it (driving an engine, the requests are not at hand)
+        statuses = {d.request_id: known[d.request_id].status.name if d.request_id in known
+                    else _STATUS_OF_REASON[d.finish_reason] for d in deltas if d.finish_reason is not None}
+        tokens = {d.request_id: list(d.new_token_ids) for d in deltas if d.new_token_ids}
+        rec = self._make_record(plan.decisions(), tokens, [r.request_id for r in plan.preempted], statuses,
+                                outputs.failed, (outputs.start_time, outputs.timestamp), None, plan, deltas)
         self.steps.append(rec)
 
-    def _make_record(self, batch, tokens, preempted, statuses, failed, times, raised, out=None, core_out=None):
+    def _make_record(self, batch, tokens, preempted, statuses, failed, times, raised, out=None, deltas=()):
         sched, kv, stats = self.core.scheduler, self.core.kv, self.core.stats
         return StepRecord(
             step=len(self.steps), running=self._before[0], waiting=self._before[1], batch=batch,
@@ -456,8 +462,9 @@ class TraceRun:
             tables=[list(b) for b in out.block_ids] if out else [],
             copies=list(out.blocks_to_copy) if out else [], tokens=tokens, preempted=preempted,
             finished=list(statuses), statuses=statuses, failed=dict(sorted(failed.items())),
-            logprobs=dict(core_out.logprobs) if core_out else {},
-            prompt_logprobs=dict(core_out.prompt_logprobs) if core_out else {}, times=times,
+            logprobs={d.request_id: d.new_logprobs[-1] for d in deltas if d.new_logprobs},
+            prompt_logprobs={d.request_id: d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None},
+            times=times,
             stats=stats.steps[-1] if stats.num_steps == self._num_stats + 1 else None,
             num_prefill_tokens=out.num_prefill_tokens if out else 0,
             num_decode_tokens=out.num_decode_tokens if out else 0,
@@ -561,12 +568,12 @@ WHAT = {
     "computed": "tokens each batch entry had computed (or found in the prefix cache) before the step",
     "copies": "copy-on-write (src, dst) block copies",
     "sampled": "requests that sample a token",
-    "tokens": "StepOutput.new_token_ids (the tokens appended)",
+    "tokens": "the tokens appended (each delta's new_token_ids)",
     "preempted": "requests preempted",
-    "failed": "StepOutput.failed (request id -> message)",
+    "failed": "the requests that failed (request id -> the error of its delta)",
     "ended": "requests that ended, (request, status)",
-    "logprobs": "StepOutput.logprobs",
-    "prompt_logprobs": "StepOutput.prompt_logprobs",
+    "logprobs": "each delta's new_logprobs",
+    "prompt_logprobs": "each delta's prompt_logprobs",
     "times": "(start_time, end_time) of the step",
     "stats": "the StepStats recorded for the step",
     "events": "the calls the step made, in order",

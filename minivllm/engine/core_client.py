@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from minivllm.core.core_loop import EngineCoreLoop, core_state, step_deltas, step_summary
+from minivllm.core.core_loop import EngineCoreLoop
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.messages import (
     SHUTDOWN,
@@ -159,11 +159,7 @@ class InprocCore:
     def step(self) -> EngineCoreOutputs:
         """One step, now. An exception from the step propagates (as it did before there was a
         seam): in the caller's process nothing is lost by letting it."""
-        core = self.core
-        before = core.stats.num_steps
-        step_out = core.step()
-        return EngineCoreOutputs(step_deltas(core, step_out), core_state(core), step_summary(core, before),
-                                 step_out.end_time)
+        return self.core.step()
 
     def call(self, method: str, *args):
         self._loop.handle(UtilityCall(0, method, args))

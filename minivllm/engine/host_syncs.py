@@ -170,7 +170,7 @@ def count_step_syncs(llm, prompts: list, params, sites: dict[str, Counter] | Non
 
     core = local_core(llm)
     kinds: list[str] = []
-    remove = core.add_step_listener(lambda step_out: kinds.append(step_kind(step_out.scheduler_output)))
+    remove = core.add_step_listener(lambda outputs: kinds.append(step_kind(outputs.plan)))
     engine = llm.engine
     counts: dict[str, list[int]] = {}
     try:

@@ -35,6 +35,7 @@ from minivllm.config import (
     resolve_num_kv_blocks,
 )
 from minivllm.core.engine_core import EngineStalledError
+from minivllm.core.messages import EngineCoreOutputs
 from minivllm.engine.input_processor import InputProcessor
 from minivllm.metrics import EngineStats
 from minivllm.model.config import INT8_SCALE_BYTES
@@ -224,12 +225,12 @@ class Simulator:
         return req
 
     # --- the loop ------------------------------------------------------------------------
-    def step(self) -> list[Request]:
-        """One engine step at the current clock; returns the requests that finished."""
-        step_out = self.core.step()
+    def step(self) -> EngineCoreOutputs:
+        """One engine step at the current clock; returns what it did."""
+        outputs = self.core.step()
         if self.record_decisions:
-            self.decisions.append(step_out.scheduler_output.decisions())
-        return step_out.finished
+            self.decisions.append(outputs.plan.decisions())
+        return outputs
 
     def run(self, trace: Iterable, max_steps: int | None = None, check_invariants: bool = False) -> EngineStats:
         """Serve every item of ``trace`` (objects with ``request_id``, ``arrival_time``,

@@ -173,7 +173,7 @@ def test_a_failed_step_registers_nothing():
     core.add_request(Request("a", prompt, SamplingParams(max_tokens=2)))
     out = core.step()
     assert out.failed == {"a": "RuntimeError: device lost"}
-    assert out.finished[0].status == RequestStatus.FINISHED_ERROR
+    assert out.finish_reasons == {"a": "error"}
     assert core.kv.num_used_blocks == 0 and not core.kv.block_pool.cached_blocks
     assert core.kv.get_computed_blocks(Request("b", prompt + [1]))[1] == 0
 
@@ -204,3 +204,25 @@ def test_an_executor_output_of_the_wrong_shape_fails_its_step_naming_the_request
         core.step()
     assert good.status is RequestStatus.FINISHED_LENGTH_CAPPED and len(good.output_token_ids) == 2
     assert core.kv.num_used_blocks == 0
+
+
+def test_tokens_for_a_request_that_does_not_sample_fail_the_step_naming_it():
+    """An executor that returns tokens for a request the plan does not sample (a waiting one, an
+    unknown id): the step fails as if the executor had raised, naming the request, and nothing
+    of it is appended; the request outside the step goes on."""
+
+    class Stray(RandomTokens):
+        def execute(self, out):
+            result = super().execute(out)
+            result.new_token_ids["ghost"] = [1]
+            return result
+
+    args = EngineArgs(block_size=4, max_model_len=64, num_kv_blocks=16, max_num_seqs=1)
+    core = EngineCore(build_scheduler(args, 64, lambda: 16), Stray(0), clock=lambda: 0.0)
+    first = Request("first", list(range(6)), SamplingParams(max_tokens=2))
+    core.add_request(first)
+    core.add_request(Request("ghost", list(range(5)), SamplingParams(max_tokens=2)))  # waits: one seat
+    out = core.step()
+    assert list(out.failed) == ["first"] and "['ghost']" in out.failed["first"]
+    assert out.failed["first"].startswith("ValueError") and first.output_token_ids == []
+    assert core.has_unfinished_requests() and core.kv.num_used_blocks == 0

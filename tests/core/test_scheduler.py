@@ -145,19 +145,23 @@ def test_static_batching_refuses_a_policy_other_than_fcfs():
 
 def test_a_request_takes_its_new_tokens_in_order_and_stops_at_the_first_stop():
     """``update_from_output`` appends a request's list of new tokens one by one under the stop
-    rules: the token that ends it is its last; the ones after it are dropped, its blocks freed."""
+    rules: the token that ends it is its last; the ones after it are dropped, its blocks freed.
+    It returns one delta per request: the tokens appended, and how one that ended did."""
     s = make()
     r = Request("r", [3] * 4, SamplingParams(max_tokens=8, stop_token_ids=[7]))
     s.add_request(r)
     other = add(s, "o", 4)
     out = s.schedule()
-    finished = s.update_from_output(out, {"r": [5, 7, 9], "o": [5, 6]})
-    assert finished == [r] and r.status is RequestStatus.FINISHED_STOPPED
+    deltas = s.update_from_output(out, {"r": [5, 7, 9], "o": [5, 6]})
+    assert [(d.request_id, d.new_token_ids, d.finish_reason, d.stop_reason) for d in deltas] == [
+        ("r", [5, 7], "stop", 7), ("o", [5, 6], None, None)]
+    assert r.status is RequestStatus.FINISHED_STOPPED
     assert r.output_token_ids == [5, 7]  # 9 came after the stop
     assert other.output_token_ids == [5, 6] and s.running == [other]
     assert "r" not in s.requests
     s.kv.check_invariants(s.live_request_ids())
     # the length limit cuts a list the same way
     out = s.schedule()
-    finished = s.update_from_output(out, {"o": [1, 2, 3, 4, 5, 6, 7, 8]})
-    assert finished == [other] and other.output_token_ids == [5, 6, 1, 2, 3, 4, 5, 6]
+    (delta,) = s.update_from_output(out, {"o": [1, 2, 3, 4, 5, 6, 7, 8]})
+    assert (delta.new_token_ids, delta.finish_reason) == ([1, 2, 3, 4, 5, 6], "length")
+    assert other.status is RequestStatus.FINISHED_LENGTH_CAPPED and other.output_token_ids == [5, 6, 1, 2, 3, 4, 5, 6]

@@ -22,7 +22,7 @@ def watch_seats(llm: LLM) -> list[int]:
     core, seen = local_core(llm), []
 
     def listener(step) -> None:
-        seen.append(max(len(step.scheduler_output.requests), len(core.scheduler.running)))
+        seen.append(max(len(step.plan.requests), len(core.scheduler.running)))
 
     core.add_step_listener(listener)
     return seen

@@ -179,22 +179,24 @@ def test_load_gives_a_fresh_module_each_time():
 # exercise 08's step, in pieces that the mutants below move around
 _EX08_COMMIT = "        kv.commit_written_blocks()  # the K/V exists now, and nothing of the step is freed yet\n"
 _EX08_EXEC = "        try:\n            result = self.executor.execute(plan)\n"
-_EX08_UPDATE = "        finished = sched.update_from_output(plan, tokens)\n        end = self.clock()\n"
+_EX08_UPDATE = "        appended = sched.update_from_output(plan, tokens)\n        end = self.clock()\n"
 _EX08_STAMP_SCHEDULED = ("        for req in plan.requests:\n            if req.first_scheduled_time is None:\n"
                          "                req.first_scheduled_time = start\n")
-_EX08_FINISH = ("        for req in finished:  # after the first-token times: the statistics keep what they read\n"
-                "            self.record_finish(req, end)\n")
-_EX08_FIRST_TOKENS = "        # a request that finished at its first token has left the scheduler: find it here\n"
-_EX08_FAIL_PLAN = "            fail({r.request_id: message for r in plan.requests})\n"
+_EX08_ENDED = "        ended = [d for d in appended if d.finish_reason is not None]\n"
+_EX08_FINISH = ("        for d in ended:  # after the first-token times: the statistics keep what they read\n"
+                "            self.record_finish(stepped[d.request_id], end)\n")
+_EX08_FIRST_TOKENS = "        for req in stepped.values():\n"
+_EX08_FAIL_PLAN = "            deltas = self.fail_requests({r.request_id: message for r in plan.requests})\n"
 _EX08_SOLUTION = (ROOT / "solutions" / "ex08_engine_step.py").read_text()
 # from the executor's call to the commit, and from the commit to the update, as the solution has them
 _EX08_RUN_TO_COMMIT = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_EXEC):_EX08_SOLUTION.index(_EX08_COMMIT) + len(_EX08_COMMIT)]
 _EX08_COMMIT_TO_UPDATE = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_COMMIT):_EX08_SOLUTION.index(_EX08_UPDATE) + len(_EX08_UPDATE)]
-_EX08_FAIL_ROWS = "        fail(result.failed)\n"
+_EX08_FAIL_ROWS = "        deltas = self.fail_requests(result.failed)\n"
 _EX08_COMMIT_TO_FAIL_ROWS = _EX08_SOLUTION[_EX08_SOLUTION.index(_EX08_COMMIT):
                                            _EX08_SOLUTION.index(_EX08_FAIL_ROWS) + len(_EX08_FAIL_ROWS)]
 _EX08_RERAISE = ("            if not isinstance(err, Exception):  # Ctrl-C: the engine is consistent; pass it on\n"
                  "                raise\n")
+_EX08_OUTPUT = "        return self.step_outputs(plan, start, end, deltas + appended, result)\n"
 
 # ex11's solution lines that several mutants change
 EX11_KEEP = "kept = has_draft & (uniforms * q_draft < p_draft)"
@@ -264,13 +266,20 @@ MUTANTS = [
      "                self.waiting.remove(req)", "if req not in self.running:\n                self.waiting.remove(req)"),
     # finish_requests ends the requests but does not say which
     ("ex02_continuous", "            req.status = status\n        return ended", "            req.status = status\n        return []"),
-    # update_from_output returns nobody
-    ("ex02_continuous", "            del self.requests[req.request_id]\n        return finished",
+    # update_from_output returns no delta
+    ("ex02_continuous", "            del self.requests[req.request_id]\n        return deltas",
      "            del self.requests[req.request_id]\n        return []"),
+    # a delta only for the requests that ended
+    ("ex02_continuous", "            deltas.append(delta)", "            deltas.append(delta) if status else None"),
     # a request given several tokens in one step: only the first kept; tokens after a stop kept too
-    ("ex02_continuous", "            for token in tokens:", "            for token in tokens[:1]:"),
-    ("ex02_continuous", "                    finished.append(req)\n                    break\n        for req in finished:",
-     "                    finished.append(req)\n        for req in finished:"),
+    ("ex02_continuous", "            for i, token in enumerate(tokens):", "            for i, token in enumerate(tokens[:1]):"),
+    ("ex02_continuous", "                    break\n            deltas.append(delta)", "            deltas.append(delta)"),
+    # the delta of a request that ended keeps the tokens after its stop (the request does not)
+    ("ex02_continuous", "RequestDelta(rid, tokens[: i + 1], status.finish_reason", "RequestDelta(rid, tokens, status.finish_reason"),
+    # the delta of a request that ended does not say how
+    ("ex02_continuous", "status.finish_reason, req.stop_reason)", "None, req.stop_reason)"),
+    # ... or which stop token ended it
+    ("ex02_continuous", "status.finish_reason, req.stop_reason)", "status.finish_reason)"),
     # ex03: a request still prefilling gets one token per step, as if it were decoding
     ("ex03_chunked_prefill", "num_new = min(req.num_tokens - req.num_computed_tokens, budget)", "num_new = 1"),
     # admission still wants the whole prompt
@@ -652,26 +661,22 @@ MUTANTS = [
     # ex08: a failed step's blocks kept for the prefix cache (never discarded)
     ("ex08_engine_step", "            kv.discard_unwritten_blocks()  # nobody knows what the step wrote\n", ""),
     # ex08: a failed step fails every request the scheduler holds, not only the plan's
-    ("ex08_engine_step", _EX08_FAIL_PLAN, "            fail(dict.fromkeys(list(sched.requests), message))\n"),
+    ("ex08_engine_step", _EX08_FAIL_PLAN,
+     "            deltas = self.fail_requests(dict.fromkeys(list(sched.requests), message))\n"),
     # ex08: a failed step's message without the error's type; the failed step never recorded
     ("ex08_engine_step", 'message = f"{type(err).__name__}: {err}"', "message = str(err)"),
-    ("ex08_engine_step", "            record(self.clock())\n", ""),
+    ("ex08_engine_step", "            end = self.clock()\n            record(end)\n", "            end = self.clock()\n"),
     # ex08: Ctrl-C not cleaned up (only Exceptions caught), swallowed, or passed on before the cleanup
     ("ex08_engine_step", "        except BaseException as err:", "        except Exception as err:"),
     ("ex08_engine_step", _EX08_RERAISE, ""),
     ("ex08_engine_step", _EX08_FAIL_PLAN, _EX08_RERAISE + _EX08_FAIL_PLAN),
-    # ex08: siblings waiting on a failed request ended but not reported as failed
-    ("ex08_engine_step", "                step_out.failed.update((kid.request_id, message) for kid in waiting.get(rid, ()))\n",
-     ""),
     # ex08: failed rows never ended; their tokens appended; one failed row fails the whole step
-    ("ex08_engine_step", "        fail(result.failed)\n", ""),
-    ("ex08_engine_step", "        tokens = {rid: token for rid, token in tokens.items() if rid not in step_out.failed}\n", ""),
-    ("ex08_engine_step", "        fail(result.failed)\n",
-     "        fail({r.request_id: m for r in plan.requests for m in list(result.failed.values())[:1]})\n"),
-    # ex08: n > 1: siblings never attached to the plan, never forked, or left waiting after forking
-    ("ex08_engine_step", "        plan.forks = {r.request_id: waiting[r.request_id] for r in plan.sampling_requests "
-     "if r.request_id in waiting}\n", "        plan.forks = {}\n"),
-    ("ex08_engine_step", "            waiting.pop(leader_id, None)\n", ""),
+    ("ex08_engine_step", _EX08_FAIL_ROWS, "        deltas = []\n"),
+    ("ex08_engine_step", "        tokens = {rid: token for rid, token in tokens.items() if rid not in failed}\n", ""),
+    ("ex08_engine_step", _EX08_FAIL_ROWS,
+     "        deltas = self.fail_requests({r.request_id: m for r in plan.requests for m in list(result.failed.values())[:1]})\n"),
+    # ex08: n > 1: siblings never forked
+    ("ex08_engine_step", "        for leader_id, kids in plan.forks.items():\n", "        for leader_id, kids in {}.items():\n"),
     # ex08: forked tokens counted for a sibling that got no seat
     ("ex08_engine_step", "                if kid.status is RequestStatus.RUNNING:  # seated: it shares the leader's prompt\n"
      "                    forked += leader.num_computed_tokens\n", "                forked += leader.num_computed_tokens\n"),
@@ -679,36 +684,36 @@ MUTANTS = [
     ("ex08_engine_step", "            if req.first_scheduled_time is None:  # scheduled for the first time: from the cache\n",
      "            if True:\n"),
     # ex08: first-scheduled time stamped before the executor ran (a failed step computed nothing), or never
-    ("ex08_engine_step", "        step_out = StepOutput(plan, start, start)\n",
-     _EX08_STAMP_SCHEDULED + "        step_out = StepOutput(plan, start, start)\n"),
+    ("ex08_engine_step", "        def record(end: float) -> None:\n",
+     _EX08_STAMP_SCHEDULED + "\n        def record(end: float) -> None:\n"),
     ("ex08_engine_step", _EX08_STAMP_SCHEDULED, ""),
     # ex08: first-token times not stamped, or stamped at the step's start
     ("ex08_engine_step", "                req.first_token_time = end\n", "                pass\n"),
     ("ex08_engine_step", "                req.first_token_time = end\n", "                req.first_token_time = start\n"),
-    # ex08: sampled requests looked up in the scheduler after the update (one that finished at its first token is gone)
-    ("ex08_engine_step", "req = stepped.get(rid) or sched.requests.get(rid)", "req = sched.requests.get(rid)"),
+    # ex08: the requests that got tokens looked up after the update (one that finished at its first token is gone)
+    ("ex08_engine_step", "        stepped = {rid: sched.requests[rid] for rid in tokens}\n" + _EX08_UPDATE,
+     _EX08_UPDATE + "        stepped = {rid: sched.requests[rid] for rid in tokens if rid in sched.requests}\n"),
     # ex08: a forked sibling never first-scheduled
     ("ex08_engine_step", "                if req.first_scheduled_time is None:  # a sibling, forked in this step\n"
      "                    req.first_scheduled_time = start\n", ""),
     # ex08: max_tokens=1: recorded as finished before its first token is stamped (its TTFT is lost)
-    ("ex08_engine_step", _EX08_FIRST_TOKENS, _EX08_FINISH + _EX08_FIRST_TOKENS),
+    ("ex08_engine_step", _EX08_FIRST_TOKENS, _EX08_ENDED + _EX08_FINISH + _EX08_FIRST_TOKENS),
     # ex08: finished requests not recorded; the end time read before the executor ran
     ("ex08_engine_step", _EX08_FINISH, ""),
-    ("ex08_engine_step", "        end = self.clock()\n", "        end = start\n"),
+    ("ex08_engine_step", _EX08_UPDATE, "        appended = sched.update_from_output(plan, tokens)\n        end = start\n"),
     # ex08: statistics recorded before the update (batch and blocks of requests about to finish)
     ("ex08_engine_step", _EX08_UPDATE, "        end = self.clock()\n        record(end)\n" + _EX08_UPDATE),
     # ex08: beam search's chooser ignored
     ("ex08_engine_step", "tokens = result.new_token_ids if choose_tokens is None else choose_tokens(plan, result)",
      "tokens = result.new_token_ids"),
     # ex08: the executor's log-probabilities dropped
-    ("ex08_engine_step", "        step_out.logprobs, step_out.prompt_logprobs = result.logprobs, result.prompt_logprobs\n", ""),
-    # ex08: a stalled engine not reported; the plan not completed for the executor (finished ids, debug checks)
-    ("ex08_engine_step", "if not (plan.requests or plan.preempted or finished) and sched.has_unfinished_requests():",
+    ("ex08_engine_step", _EX08_OUTPUT, "        return self.step_outputs(plan, start, end, deltas + appended)\n"),
+    # ex08: a stalled engine not reported
+    ("ex08_engine_step", "if not (plan.requests or plan.preempted or ended) and sched.has_unfinished_requests():",
      "if False:"),
-    ("ex08_engine_step", "        self.begin_step(plan)\n", ""),
-    # ex08: the output's tokens or finished requests left out
-    ("ex08_engine_step", "        step_out.new_token_ids = tokens\n", ""),
-    ("ex08_engine_step", "        step_out.finished.extend(finished)\n", ""),
+    # ex08: the output's appended tokens, or its failed requests, left out
+    ("ex08_engine_step", _EX08_OUTPUT, "        return self.step_outputs(plan, start, end, deltas, result)\n"),
+    ("ex08_engine_step", _EX08_OUTPUT, "        return self.step_outputs(plan, start, end, appended, result)\n"),
     # ex09 (a): K or V forgotten; int4 stored as a byte; the pool counted in tokens, not blocks
     ("ex09_reasoning", "return 2 * model.num_layers", "return model.num_layers"),
     ("ex09_reasoning", "bits = DTYPE_BITS[model.kv_dtype]", "bits = max(DTYPE_BITS[model.kv_dtype], 8)"),

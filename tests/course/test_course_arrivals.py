@@ -74,7 +74,7 @@ def test_samples_aborts_and_the_records_of_the_real_engine(llm):
 def test_a_plug_in_step_loop_is_recorded_once_per_step():
     """A step loop written from scratch calls no listener; the base's step() reports its steps
     anyway, and once each (a run would raise on a step() that ran and reported two)."""
-    from minivllm.core.engine_core import EngineCoreBase, StepOutput
+    from minivllm.core.engine_core import EngineCoreBase
 
     class Plain(EngineCoreBase):  # calls no listener itself
         def run_step(self, choose_tokens=None):
@@ -83,9 +83,9 @@ def test_a_plug_in_step_loop_is_recorded_once_per_step():
             self.begin_step(out)
             result = self.executor.execute(out)
             self.kv.commit_written_blocks()
-            finished = self.scheduler.update_from_output(out, result.new_token_ids)
+            deltas = self.scheduler.update_from_output(out, result.new_token_ids)
             self.stats.record_step(self.scheduler, out, start, 0.0)
-            return StepOutput(out, start, self.clock(), new_token_ids=result.new_token_ids, finished=finished)
+            return self.step_outputs(out, start, self.clock(), deltas, result)
 
     class Greedy(Plain):  # one step() call runs (and reports) two steps
         def step(self, choose_tokens=None):

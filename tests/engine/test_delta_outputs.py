@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minivllm import LLM, SamplingParams
-from minivllm.core.core_loop import step_deltas
 from minivllm.core.engine_core import EngineCore
 from minivllm.core.interfaces import ModelRunnerOutput
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -171,8 +170,7 @@ def test_a_steps_deltas_hold_one_token_per_sample_at_any_length():
         for r in EngineCoreRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=10_000, ignore_eos=True), 0.0).samples(()):
             core.add_request(r)
     for step in range(10_000):
-        out = core.step()
-        ds = step_deltas(core, out)
+        ds = core.step().deltas
         assert sorted(d.request_id for d in ds) == ["r0", "r1", "r2"]
         assert all(d.new_token_ids == [7] for d in ds), step
     assert all(d.finish_reason == "length" for d in ds)

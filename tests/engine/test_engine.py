@@ -253,11 +253,11 @@ def test_step_listener_sees_every_step_and_can_be_removed():
     remove = core.add_step_listener(seen.append)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     llm.generate(["Once upon a time", "The little fox"], params, use_tqdm=False)
-    assert seen and all(s.scheduler_output is not None for s in seen)
-    planned = [rid for s in seen for rid, _ in s.scheduler_output.decisions()]
+    assert seen and all(s.plan is not None for s in seen)
+    planned = [rid for s in seen for rid, _ in s.plan.decisions()]
     assert {"0", "1"} <= set(planned)
     assert sum(len(s.new_token_ids) for s in seen) == 6  # 3 tokens for each of the two requests
-    assert sorted(r.request_id for s in seen for r in s.finished) == ["0", "1"]
+    assert sorted(rid for s in seen for rid in s.finish_reasons) == ["0", "1"]
     remove()
     n = len(seen)
     llm.generate("Once", params, use_tqdm=False)

@@ -17,6 +17,7 @@ from support import FreeListKV
 
 from minivllm import LLM, SamplingParams
 from minivllm.core.interfaces import KVCacheManagerInterface, SchedulerInterface, check_implements
+from minivllm.core.messages import RequestDelta
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.core_client import local_core
 from minivllm.request import RequestStatus
@@ -70,7 +71,7 @@ class FifoScheduler:
         return out
 
     def update_from_output(self, plan, new_token_ids):
-        finished = []
+        finished, deltas = [], []
         for rid, (token,) in new_token_ids.items():
             req = self.requests[rid]
             req.all_token_ids.append(token)
@@ -78,8 +79,9 @@ class FifoScheduler:
             if status is not None:
                 req.status = status
                 finished.append(req)
+            deltas.append(RequestDelta(rid, [token], status.finish_reason if status else None, req.stop_reason))
         self._end(finished)
-        return finished
+        return deltas
 
     def finish_requests(self, request_ids, status):
         ended = [self.requests[r] for r in request_ids if r in self.requests]
@@ -255,7 +257,7 @@ def test_a_scheduling_policy_plugs_into_engine_and_simulator(reference_tokens):
 
 def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
     """The smallest engine step: plan, run, let the blocks join the cache, append the tokens."""
-    from minivllm.core.engine_core import EngineCoreBase, StepOutput
+    from minivllm.core.engine_core import EngineCoreBase
 
     class PlainCore(EngineCoreBase):
         def run_step(self, choose_tokens=None):
@@ -264,12 +266,14 @@ def test_a_hand_written_step_loop_serves_the_model(reference_tokens):
             self.begin_step(plan)
             result = self.executor.execute(plan)
             self.kv.commit_written_blocks()
-            finished = self.scheduler.update_from_output(plan, result.new_token_ids)
+            stepped = {rid: self.scheduler.requests[rid] for rid in result.new_token_ids}
+            deltas = self.scheduler.update_from_output(plan, result.new_token_ids)
             now = self.clock()
-            for req in finished:
-                self.record_finish(req, now)
+            for d in deltas:
+                if d.finish_reason is not None:
+                    self.record_finish(stepped[d.request_id], now)
             self.stats.record_step(self.scheduler, plan, start, now - start)
-            return StepOutput(plan, start, now, new_token_ids=result.new_token_ids, finished=finished)
+            return self.step_outputs(plan, start, now, deltas, result)
 
     llm = LLM(max_model_len=128, num_kv_blocks=64, enable_prefix_caching=False, engine_core=PlainCore)
     assert type(local_core(llm)) is PlainCore

@@ -47,7 +47,7 @@ def run_engine(model_dir: Path, trace: Trace, engine_args: dict):
     llm = LLM(str(model_dir), **engine_args)
     engine = llm.engine
     log: list[list[tuple[str, int]]] = []
-    local_core(engine).add_step_listener(lambda step: log.append(step.scheduler_output.decisions()))
+    local_core(engine).add_step_listener(lambda step: log.append(step.plan.decisions()))
     stats = workloads.run_on_engine(llm, trace)
     engine.check_invariants()
     return log, stats

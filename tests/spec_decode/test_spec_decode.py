@@ -336,9 +336,9 @@ def test_rejected_drafts_give_their_blocks_back_and_never_enter_the_prefix_cache
         for req in core.scheduler.running:
             held = len(kv.get_block_ids(req.request_id))
             needed = -(-(req.num_computed_tokens + k) // kv.block_size)
-            if step_out.scheduler_output.spec_token_ids.get(req.request_id) is not None:
+            if step_out.plan.spec_token_ids.get(req.request_id) is not None:
                 assert held == needed, (req.request_id, held, needed)
-        seen.append(len(step_out.scheduler_output.spec_token_ids))
+        seen.append(len(step_out.plan.spec_token_ids))
 
     core.add_step_listener(check)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -474,7 +474,7 @@ def draft_steps(llm, prompts, params) -> tuple[list[list[int]], list[tuple[int, 
     """The tokens, and per step (requests in it, drafts it verified)."""
     steps: list[tuple[int, int]] = []
     local_core(llm).add_step_listener(lambda s: steps.append(
-        (len(s.scheduler_output.requests), sum(len(d) for d in (s.scheduler_output.spec_token_ids or {}).values()))))
+        (len(s.plan.requests), sum(len(d) for d in (s.plan.spec_token_ids or {}).values()))))
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], steps
 

@@ -13,6 +13,7 @@ from support import FreeListKV
 import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.core.interfaces import SpeculativeKVCacheManager, SpeculativeScheduler
+from minivllm.core.messages import RequestDelta
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import RequestStatus
 
@@ -74,16 +75,20 @@ class DraftingScheduler:
         return out
 
     def update_from_output(self, plan, new_token_ids):
-        finished = []
+        finished, deltas = [], []
         for rid, tokens in new_token_ids.items():
             req = self.requests[rid]
+            delta = RequestDelta(rid, [])
             for t in tokens:
                 req.all_token_ids.append(t)
+                delta.new_token_ids.append(t)
                 status = req.check_stop(t, self.config.max_model_len)
                 if status is not None:
                     req.status = status
                     finished.append(req)
+                    delta.finish_reason, delta.stop_reason = status.finish_reason, req.stop_reason
                     break
+            deltas.append(delta)
         for rid in plan.spec_token_ids:  # the rejected drafts' K/V is not the request's
             req = self.requests[rid]
             if not req.is_finished:
@@ -91,7 +96,7 @@ class DraftingScheduler:
                 self.kv.trim(req, req.num_computed_tokens + max(1, self.config.num_lookahead_tokens))
         for req in finished:
             self._drop(req)
-        return finished
+        return deltas
 
     def update_draft_token_ids(self, draft_token_ids):
         for rid, drafts in draft_token_ids.items():

@@ -80,9 +80,11 @@ def failure() -> str:
         "**(2)** Its first-token time is the end of step 7, the moment the token exists: the same "
         f"instant as its finish (minivllm's engine: first token at {one.first_token_time:.6f} s, "
         f"finished at {one.finished_time:.6f} s: equal, {one.first_token_time == one.finished_time}). "
-        "By then `update_from_output` has already retired it, so the scheduler no longer knows it: "
-        "the step finds it in its own plan (`plan.requests`). And its first-token time must be on it "
-        "before `record_finish`: the statistics keep the times a request holds when it is recorded."
+        "By then `update_from_output` has already retired it and returned only its delta (its id, its "
+        "token, `finish_reason=\"length\"`), so the scheduler no longer knows it: the step finds the "
+        "request in its own plan (`plan.requests`), or keeps it from before the update. And its "
+        "first-token time must be on it before `record_finish`: the statistics keep the times a "
+        "request holds when it is recorded."
     )
 
 

@@ -210,8 +210,28 @@ def _(ex):
     compare(ex, trace, max_num_seqs=2, budget=32)
 
 
+def check_deltas(deltas, expected: list[tuple], call: str) -> None:
+    """``deltas`` (what ``call`` returned) against ``expected``, one ``(request id, tokens
+    appended, finish_reason, stop_reason)`` per request given tokens, in the order given."""
+    from minivllm.core.messages import RequestDelta
+
+    if not isinstance(deltas, (list, tuple)) or not all(isinstance(d, RequestDelta) for d in deltas):
+        kinds = [type(d).__name__ for d in deltas] if isinstance(deltas, (list, tuple)) else type(deltas).__name__
+        raise Mismatch(f"a list of {len(expected)} RequestDelta", kinds, f"{call} returned")
+    expect([d.request_id for d in deltas], [rid for rid, *_ in expected],
+           f"{call}: the request_id of each delta it returned (one per request in new_token_ids, in that order)")
+    expect({d.request_id: list(d.new_token_ids) for d in deltas}, {rid: tokens for rid, tokens, *_ in expected},
+           f"{call}: each delta's new_token_ids (the tokens appended to the request, none after the one "
+           "that ended it)")
+    expect({d.request_id: (d.finish_reason, d.stop_reason) for d in deltas},
+           {rid: (reason, stop) for rid, _, reason, stop in expected},
+           f"{call}: each delta's (finish_reason, stop_reason) ((None, None) for a request that goes on; "
+           "for one that ended, its status's finish_reason and its own stop_reason)")
+
+
 @case(CASES, "what update_from_output and finish_requests return", "finish_requests",
-      "each returns the requests that call ended, whatever their order, and nothing else")
+      "update_from_output returns one RequestDelta per request in new_token_ids, in that order; "
+      "finish_requests the requests that call ended, whatever their order, and nothing else")
 def _(ex):
     from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.request import Request, RequestStatus
@@ -226,12 +246,14 @@ def _(ex):
     def ids(requests) -> list[str]:
         return sorted(r.request_id for r in requests)
 
-    plan = sched.schedule()  # two seats: 'one' and 'two' run
-    ended = sched.update_from_output(plan, {r.request_id: [0] for r in plan.sampling_requests})
-    expect(ids(ended), ["one"], "update_from_output after the first step: the requests it ended")
-    plan = sched.schedule()  # 'two' decodes, 'many' takes the seat 'one' left
-    ended = sched.update_from_output(plan, {r.request_id: [0] for r in plan.sampling_requests})
-    expect(ids(ended), ["two"], "update_from_output after the second step: the requests it ended")
+    plan = sched.schedule()  # two seats: 'one' and 'two' run; 'one' ends (max_tokens=1)
+    deltas = sched.update_from_output(plan, {r.request_id: [0] for r in plan.sampling_requests})
+    check_deltas(deltas, [("one", [0], "length", None), ("two", [0], None, None)],
+                 "update_from_output after the first step")
+    plan = sched.schedule()  # 'two' decodes and ends, 'many' takes the seat 'one' left
+    deltas = sched.update_from_output(plan, {r.request_id: [0] for r in plan.sampling_requests})
+    check_deltas(deltas, [("two", [0], "length", None), ("many", [0], None, None)],
+                 "update_from_output after the second step")
     ended = sched.finish_requests(["queued", "many", "one", "nobody"], RequestStatus.FINISHED_ABORTED)
     expect(ids(ended), ["many", "queued"], "finish_requests(['queued', 'many', 'one', 'nobody']) returned")
     expect([r.status for r in ended], [RequestStatus.FINISHED_ABORTED] * 2, "their statuses")
@@ -243,7 +265,7 @@ def _(ex):
 
 @case(CASES, "a request given several tokens in one step", "update_from_output",
       "policy 5: each of a request's new tokens is appended in order under the stop rules; the token "
-      "that ends it is its last, and the ones after it are dropped")
+      "that ends it is its last, and the ones after it are dropped (from the request and from its delta)")
 def _(ex):
     from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.request import Request, RequestStatus
@@ -252,20 +274,22 @@ def _(ex):
     kv = ProtocolOnlyKV(KVCacheManager(16, 16, enable_caching=False))
     sched = ex.ContinuousScheduler(scheduler_config(4, 64, False), kv)
     # 'stops' ends on token 3; 'capped' on its 4th output token; 'goes_on' on neither
-    sched.add_request(Request("stops", [5, 6], SamplingParams(max_tokens=9, stop_token_ids=[3])))
-    sched.add_request(Request("capped", [5, 6], SamplingParams(max_tokens=4, ignore_eos=True)))
-    sched.add_request(Request("goes_on", [5, 6], SamplingParams(max_tokens=9, ignore_eos=True)))
+    by_id = {"stops": Request("stops", [5, 6], SamplingParams(max_tokens=9, stop_token_ids=[3])),
+             "capped": Request("capped", [5, 6], SamplingParams(max_tokens=4, ignore_eos=True)),
+             "goes_on": Request("goes_on", [5, 6], SamplingParams(max_tokens=9, ignore_eos=True))}
+    for req in by_id.values():
+        sched.add_request(req)
     plan = sched.schedule()
-    ended = sched.update_from_output(plan, {"stops": [1, 3, 2, 2], "capped": [1, 2, 0, 1, 2, 0], "goes_on": [1, 2]})
-    by_id = {r.request_id: r for r in ended}
-    expect(sorted(by_id), ["capped", "stops"], "the requests update_from_output ended")
-    outputs = {rid: by_id[rid].output_token_ids for rid in sorted(by_id)}
-    expect(outputs, {"capped": [1, 2, 0, 1], "stops": [1, 3]},
-           "the output tokens of the requests that ended (given [1, 3, 2, 2] with stop token 3, and "
-           "[1, 2, 0, 1, 2, 0] with max_tokens=4)")
+    deltas = sched.update_from_output(plan, {"stops": [1, 3, 2, 2], "capped": [1, 2, 0, 1, 2, 0], "goes_on": [1, 2]})
+    outputs = {rid: req.output_token_ids for rid, req in by_id.items()}
+    expect(outputs, {"stops": [1, 3], "capped": [1, 2, 0, 1], "goes_on": [1, 2]},
+           "the output tokens of each request (given [1, 3, 2, 2] with stop token 3, "
+           "[1, 2, 0, 1, 2, 0] with max_tokens=4, and [1, 2] to 'goes_on', which does not end)")
     expect((by_id["stops"].status, by_id["capped"].status),
-           (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED), "their statuses")
-    expect(sched.requests["goes_on"].output_token_ids, [1, 2], "the output of 'goes_on', which did not end")
+           (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED), "the statuses of the two that ended")
+    check_deltas(deltas, [("stops", [1, 3], "stop", 3), ("capped", [1, 2, 0, 1], "length", None),
+                          ("goes_on", [1, 2], None, None)],
+                 "update_from_output given {'stops': [1, 3, 2, 2], 'capped': [1, 2, 0, 1, 2, 0], 'goes_on': [1, 2]}")
     expect(([r.request_id for r in sched.running], kv.num_used_blocks > 0), (["goes_on"], True),
            "(running, KV blocks in use) after the step")
 

@@ -54,8 +54,8 @@ def _(ex):
 
 # --- what a step does --------------------------------------------------------------------------
 @case(CASES, "tokens appended, requests ended, the executor's logprobs passed on", "StepLoop.run_step",
-      "S2, C1: the tokens appended are the executor's (less the failed rows'); the StepOutput holds them "
-      "(new_token_ids), every request that ended in the step, and result.logprobs / result.prompt_logprobs")
+      "S2, C1: the tokens appended are the executor's (less the failed rows'); the output's deltas are the "
+      "failed requests' and then update_from_output's, with result's log-probabilities (step_outputs)")
 def _(ex):
     trace = [R(f"q{i}", tuple((i + j) % 4 for j in range(3 + 2 * i)), 2 + i % 4, arrival_step=i // 2,
                stop=(3,) if i % 2 else ()) for i in range(7)]
@@ -126,10 +126,9 @@ def _(ex):
 
 
 @case(CASES, "n > 1: siblings fork off their leader and sample with it", "StepLoop.run_step",
-      "S1, S3: plan.forks names the waiting siblings of each leader that samples; each sibling of a "
-      "leader that got its token has started beside it once when the tokens are appended, and no longer "
-      "waits in self.pending_siblings (starting it again raises 'already holds blocks'); its first token "
-      "is appended in the same step as the leader's")
+      "S3: each sibling in plan.forks of a leader that got its token has started beside it once when "
+      "the tokens are appended (fork_request; starting it again raises 'already holds blocks'), unless "
+      "it ended; its first token is appended in the same step as the leader's")
 def _(ex):
     trace = [R("trio", PREFIX + (0,), 4, n=3), R("solo", (3, 2, 1), 3, arrival_step=1),
              R("pair", OTHER, 2, arrival_step=2, n=2, stop=(1,))]
