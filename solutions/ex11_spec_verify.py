@@ -11,7 +11,7 @@ guesses, then one token more. The notebook builds the idea (section 5); the cont
 what the result must satisfy, and how to get there is yours.
 
 It has the signature of the engine's own verifier, so that
-``minivllm.course.verifier.use_verifier(llm, ex.verify_step)`` makes an
+``minivllm.course.verifier.with_verifier(config, ex.verify_step)`` makes an
 ``LLM(speculative_config=...)`` call it for every step.
 """
 

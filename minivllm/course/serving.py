@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from minivllm.course.harness import TraceRequest, TraceResult, run_trace
 from minivllm.course.runtime import one_cpu_thread
-from minivllm.engine.core_client import local_core
 
 STORY = ("Once upon a time there was a little fox who lived in a quiet forest near a river. "
          "Every morning she walked to the water and looked at the fish. One day she saw a big bird "
@@ -31,17 +30,37 @@ ENGINE_ARGS = dict(dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_bl
                    max_num_batched_tokens=32)
 
 
-def make_llm(backend=None, poisoned: bool = False, **engine_args):
-    """The tiny model with ``backend`` (``None``: minivllm's own ``"torch"``), ``debug_checks``
-    on; ``poisoned``: every slot of every layer's cache NaN before the first step."""
-    from minivllm import LLM
+class NaNUntilWritten:
+    """An attention backend around ``inner`` whose caches hold NaN in every slot until written:
+    the first time it is handed a layer's cache (that layer's first step, before anything is
+    written there) it fills the cache with NaN, then lets ``inner`` write and attend. A backend
+    that lets a slot it does not own into a real row's output then yields NaN. It goes through
+    the attention protocol alone: the caches are the backend's arguments."""
 
-    llm = LLM(attention_backend="torch" if backend is None else backend, debug_checks=True, **engine_args)
-    if poisoned:
-        for k_cache, v_cache in local_core(llm).executor.kv_caches:
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self._seen: set[int] = set()
+
+    def forward(self, query, key, value, k_cache, v_cache, meta, scale):
+        if k_cache.data_ptr() not in self._seen:
+            self._seen.add(k_cache.data_ptr())
             k_cache.fill_(float("nan"))
             v_cache.fill_(float("nan"))
-    return llm
+        return self.inner.forward(query, key, value, k_cache, v_cache, meta, scale)
+
+    def __getattr__(self, name: str):  # the protocol's optional members (check_kv_cache)
+        return getattr(self.inner, name)
+
+
+def make_llm(backend=None, poisoned: bool = False, **engine_args):
+    """The tiny model with ``backend`` (``None``: minivllm's own ``"torch"``), ``debug_checks``
+    on; ``poisoned``: every slot of every layer's cache NaN until written (:class:`NaNUntilWritten`)."""
+    from minivllm import LLM
+    from minivllm.attention import get_attention_backend
+
+    if poisoned:
+        backend = NaNUntilWritten(get_attention_backend("torch") if backend is None else backend)
+    return LLM(attention_backend="torch" if backend is None else backend, debug_checks=True, **engine_args)
 
 
 def serve_trace(backend=None, poisoned: bool = False) -> TraceResult:

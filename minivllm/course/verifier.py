@@ -4,8 +4,9 @@ minivllm verifies the drafts of every request of a step in one call,
 ``SpeculativeDecoder.verify_fn(target_probs, draft_tokens, draft_probs, uniforms, noise)``, on
 flat tensors whose rows are each request's ``k + 1`` rows, request after request (the signature
 of :func:`minivllm.spec_decode.rejection.verify`). Exercise 11's ``verify_step`` has that
-signature, so :func:`use_verifier` installs it as it is; :func:`checked` only checks what comes
-back (one list per request, each a prefix of its drafts then one token) before the engine uses it.
+signature, so it plugs in as it is, as ``speculative_config``'s ``verifier`` (:func:`with_verifier`
+builds that config); :func:`checked` only checks what comes back (one list per request, each a
+prefix of its drafts then one token) before the engine uses it.
 """
 
 from __future__ import annotations
@@ -83,13 +84,13 @@ def checked(fn: StepVerifier) -> StepVerifier:
     return verify_step
 
 
-def use_verifier(llm, fn: StepVerifier) -> Callable:
-    """Make ``llm`` (an ``LLM`` built with ``speculative_config``, in this process) verify every
-    step's drafts with ``fn``; returns the verifier it replaces (to put back by hand)."""
-    from minivllm.engine.core_client import local_core
-
-    speculative = local_core(llm).executor.speculative
-    if speculative is None:
-        raise ValueError("this LLM does not speculate: build it with speculative_config="
-                         "{'method': 'ngram', 'num_speculative_tokens': 4} (or a draft model)")
-    return speculative.use_verifier(checked(fn))
+def with_verifier(speculative_config: dict, fn: StepVerifier) -> dict:
+    """``speculative_config`` (a dict such as ``{"method": "ngram", "num_speculative_tokens": 4}``)
+    with ``fn`` as its ``verifier``, checked (:func:`checked`): ``LLM(speculative_config=
+    with_verifier(config, fn))`` verifies every step's drafts with ``fn``."""
+    if not callable(fn):
+        raise TypeError(f"a verifier must be callable, got {type(fn).__name__}")
+    if not isinstance(speculative_config, dict):
+        raise TypeError(f"speculative_config must be a dict such as {{'method': 'ngram', "
+                        f"'num_speculative_tokens': 4}}, got {type(speculative_config).__name__}")
+    return {**speculative_config, "verifier": checked(fn)}

@@ -8,18 +8,23 @@ passes it), with vLLM's keys::
 
 ``method`` may be left out when ``model`` is given (a draft model is then meant). Every value is
 checked here, when the engine is built, with an error that names it and its limit.
+
+``verifier`` (in Python only, not vLLM's) replaces minivllm's rejection rule: a function with
+the signature of :func:`minivllm.spec_decode.rejection.verify`, called on every step's tensors
+-- the plug-in point exercise 11 fills (``minivllm.course.verifier.with_verifier``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 32  # more drafts than this are almost never all accepted
 _KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_max", "prompt_lookup_min",
-         "disable_by_batch_size")
+         "disable_by_batch_size", "verifier")
 # "auto" on a CPU, per method: above this many requests in a step, drafting costs more than it
 # saves (benchmarks/spec_decode.py --requests N on the tiny model, greedy, k = 4, 64 tokens;
 # docs/benchmarks.md). The draft model: 1.24x at 4 requests, 1.09x at 8, 0.93x at 16, 0.85x at 32.
@@ -44,7 +49,9 @@ class SpeculativeConfig:
     requests than this proposes no drafts (the next step decodes plainly), as vLLM's option of
     that name; ``None`` never stops; ``"auto"`` (the default) is
     :data:`CPU_DISABLE_BY_BATCH_SIZE` for the method on a CPU and no limit on a GPU, where a verification step
-    stays cheap up to a far larger batch (not measured here)."""
+    stays cheap up to a far larger batch (not measured here); ``verifier``: the rejection rule
+    (``None``: minivllm's, :func:`~minivllm.spec_decode.rejection.verify`, with its greedy
+    shortcut)."""
 
     method: str
     num_speculative_tokens: int
@@ -52,6 +59,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     disable_by_batch_size: int | str | None = "auto"
+    verifier: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -66,6 +74,9 @@ class SpeculativeConfig:
         _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, self.prompt_lookup_max)
         if self.disable_by_batch_size not in ("auto", None):
             _check_int("disable_by_batch_size", self.disable_by_batch_size, 1, 1 << 20)
+        if self.verifier is not None and not callable(self.verifier):
+            raise TypeError(f"speculative_config['verifier'] must be callable (the signature of "
+                            f"minivllm.spec_decode.rejection.verify), got {type(self.verifier).__name__}")
 
     def batch_limit(self, device_type: str) -> int | None:
         """The most requests a step may have and still propose drafts; ``None``: no limit."""

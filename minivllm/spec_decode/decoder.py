@@ -42,19 +42,10 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.max_model_len = max_model_len
         self.draft = draft
-        # the rejection rule, batched over a step's requests (see use_verifier)
-        self.verify_fn = verify
+        # the rejection rule, batched over a step's requests (speculative_config's verifier)
+        self.verify_fn = config.verifier or verify
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
         self.batch_limit = config.batch_limit(device_type)  # no drafts in a step with more requests
-
-    def use_verifier(self, fn) -> object:
-        """Verify every step's drafts with ``fn`` from now on (the signature of
-        :func:`minivllm.spec_decode.rejection.verify`: exercise 11 plugs a student's in here);
-        returns the verifier it replaces."""
-        if not callable(fn):
-            raise TypeError(f"a verifier must be callable, got {type(fn).__name__}")
-        previous, self.verify_fn = self.verify_fn, fn
-        return previous
 
     @staticmethod
     def speculates(request: Request) -> bool:

@@ -207,3 +207,28 @@ def test_the_example_in_docs_course_md_runs_and_catches_an_admission_after_a_pre
     with pytest.raises(StepMismatch, match="3 blocks: max_num_seqs=4"):
         expect_same_steps(expected, Replay(AdmitsAfterPreempting, trace, **settings), DECISIONS, "3 blocks",
                           mine.settings())
+
+
+def test_a_cache_poisoned_until_written_catches_a_backend_that_reads_a_slot_it_does_not_own():
+    """``serve_trace(..., poisoned=True)`` fills every layer's cache with NaN before that layer
+    writes anything (through the attention protocol: the backend is wrapped). A backend that lets
+    the whole cache into its output (here as ``0 * sum``, harmless on finite values) serves the
+    trace right on a clean cache and fails it on the poisoned one; minivllm's own does not."""
+    from minivllm.attention import get_attention_backend
+    from minivllm.course.serving import serve_trace
+
+    class Leaky:
+        name = "leaky"
+
+        def __init__(self):
+            self.inner = get_attention_backend("torch")
+
+        def forward(self, query, key, value, k_cache, v_cache, meta, scale):
+            out = self.inner.forward(query, key, value, k_cache, v_cache, meta, scale)
+            return out + 0 * k_cache.sum()
+
+    reference = serve_trace()
+    assert serve_trace(poisoned=True).tokens == reference.tokens
+    assert serve_trace(Leaky()).tokens == reference.tokens
+    poisoned = serve_trace(Leaky(), poisoned=True)
+    assert set(poisoned.finish_reasons.values()) == {"error"}

@@ -26,7 +26,7 @@ from minivllm.course.verifier import (
     check_emitted,
     check_step,
     checked,
-    use_verifier,
+    with_verifier,
 )
 from minivllm.spec_decode.rejection import verify
 
@@ -274,8 +274,12 @@ def test_check_emitted_names_what_is_wrong(emitted, message):
             check_emitted(emitted, [1, 2], 5)
 
 
-def test_use_verifier_needs_an_engine_that_speculates():
+def test_a_verifier_must_be_callable_and_the_config_a_dict():
     from minivllm import LLM
 
-    with pytest.raises(ValueError, match="speculative_config"):
-        use_verifier(LLM(dtype="float32"), lambda *args: [[0]])
+    with pytest.raises(TypeError, match="must be callable"):
+        with_verifier({"method": "ngram", "num_speculative_tokens": 2}, 3)
+    with pytest.raises(TypeError, match="must be a dict"):
+        with_verifier("ngram", lambda *args: [[0]])
+    with pytest.raises(TypeError, match=r"speculative_config\['verifier'\] must be callable"):
+        LLM(dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 2, "verifier": 3})

@@ -148,17 +148,16 @@ def test_the_greedy_rule_is_the_rejection_rule_on_one_hot_rows():
 
 
 def test_a_plugged_verifier_is_called_for_greedy_requests_too(reference_outputs):
-    """The greedy shortcut is minivllm's own rule: a verifier plugged in with ``use_verifier``
-    (exercise 11's) sees every step's drafts, greedy or not."""
+    """The greedy shortcut is minivllm's own rule: a verifier plugged in as
+    ``speculative_config``'s ``verifier`` (exercise 11's) sees every step's drafts, greedy or not."""
     params, ref = reference_outputs
-    llm = LLM(TINY, speculative_config=NGRAM)
     calls = []
 
     def counting(*args):
         calls.append(1)
         return verify(*args)
 
-    local_core(llm).executor.speculative.use_verifier(counting)
+    llm = LLM(TINY, speculative_config={**NGRAM, "verifier": counting})
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [ref[p] for p in PROMPTS]
     assert calls
@@ -527,7 +526,7 @@ def test_the_default_pool_holds_a_draft_models_lookahead_with_one_seat():
 def test_a_stop_among_accepted_drafts_ends_the_answer_there_and_the_step_reports_what_was_kept(reference_outputs):
     """A stop token that the target accepted as a draft ends the request at that token: the
     drafts after it and the token sampled after them are dropped, and the step reports only the
-    tokens appended (``StepOutput.new_token_ids``), which add up to the answer."""
+    tokens appended (its delta's ``new_token_ids``), which add up to the answer."""
     params, outs = reference_outputs
     prompt = PROMPTS[0]
     reference = outs[prompt]

@@ -769,15 +769,14 @@ def _stub_stops_here(ex) -> None:
 def _(ex):
     from minivllm import LLM, SamplingParams
     from minivllm.course.runtime import configure
-    from minivllm.course.verifier import use_verifier
+    from minivllm.course.verifier import with_verifier
 
     _stub_stops_here(ex)
     _, dtype = configure()
     runs = _reference_runs(dtype)
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     for method, config in _spec_configs().items():
-        llm = LLM(dtype=dtype, seed=0, speculative_config=config)
-        use_verifier(llm, ex.verify_step)
+        llm = LLM(dtype=dtype, seed=0, speculative_config=with_verifier(config, ex.verify_step))
         outs = llm.generate(ENGINE_PROMPTS, greedy, use_tqdm=False)
         for i, (o, want) in enumerate(zip(outs, runs["plain"][0], strict=True)):
             expect(list(o.outputs[0].token_ids), list(want), f"{method} drafts, prompt {i}: greedy tokens")
@@ -792,13 +791,12 @@ def _(ex):
 def _(ex):
     from minivllm import LLM, SamplingParams
     from minivllm.course.runtime import configure
-    from minivllm.course.verifier import use_verifier
+    from minivllm.course.verifier import with_verifier
 
     _stub_stops_here(ex)
     _, dtype = configure()
     params = SamplingParams(max_tokens=24, temperature=0.8, top_k=40, seed=7, ignore_eos=True)
-    llm = LLM(dtype=dtype, seed=0, speculative_config=_spec_configs()["draft_model"])
-    use_verifier(llm, ex.verify_step)
+    llm = LLM(dtype=dtype, seed=0, speculative_config=with_verifier(_spec_configs()["draft_model"], ex.verify_step))
     outs = llm.generate(ENGINE_PROMPTS, params, use_tqdm=False)
     for i, o in enumerate(outs):
         expect(len(o.outputs[0].token_ids), 24, f"prompt {i}: tokens generated")
