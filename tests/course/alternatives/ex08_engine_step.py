@@ -71,8 +71,9 @@ To the scheduler
 S1. One plan per step, run once, and ``begin_step`` has seen it before it runs.
 S2. Each request of the step that got a token has it appended, once, and the step's tokens
     reach the scheduler together: the tokens are ``result.new_token_ids`` or, with ``choose_tokens``
-    (beam search), ``choose_tokens(plan, result)``, less those of the requests that failed
-    (F1: they ended, and the scheduler no longer holds them).
+    (beam search), ``choose_tokens(plan, result)``, less those of every request the step failed,
+    the siblings F1 ends with their leader included (they ended, and the scheduler no longer
+    holds them).
 S3. Before any token of the step is appended, every sibling in ``plan.forks`` of a leader that
     got its token has started beside it, once (leaders in the plan's order, siblings in theirs),
     unless it has ended.
@@ -127,8 +128,9 @@ The checks run your class and minivllm's ``EngineCore`` side by side over minivl
 and KV cache manager with a fake executor that can fail rows, raise, or be interrupted, and
 compare every step (the calls made, the plan, the tokens, who ended and how, the statistics,
 the times) and every request's timestamps; then they serve the tiny model with your loop
-(``debug_checks=True``), and finally the engine assembled from all your exercises
-(``minivllm/course/capstone.py``).
+(``debug_checks=True``). The engine assembled from all your exercises
+(``minivllm/course/capstone.py``) is a line of its own on the scoreboard, once every exercise
+passes.
 """
 
 from __future__ import annotations
