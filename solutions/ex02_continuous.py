@@ -60,15 +60,17 @@ specification. Each says what must be true of a step, not how to get there:
    room; what to do when it does not is exercise 03 (raising an error that names it is fine).
 5. **Ends.** ``update_from_output(plan, new_token_ids)`` appends each request's new tokens
    (``new_token_ids``: request id -> the list of tokens it got from the step -- one token here;
-   speculative decoding's steps give some requests several; ``plan``: the step's own plan) to
+   speculative decoding's steps give some requests several; ``plan``: the step's own plan, which
+   minivllm's scheduler reads the verified drafts off and yours may ignore) to
    its request, in order; a request ends when ``check_stop(token, config.max_model_len)``
    returns a status for a token it appended, with that status (``req.status = status``: the
    scheduler sets it), and the tokens after that one are dropped. A request that has ended
    holds no blocks and no seat, and is in none of the scheduler's collections, from the moment
    the call that ended it returns. The others keep their order. It returns one
-   ``RequestDelta`` per request in ``new_token_ids``, in that order: the tokens it appended
-   (cut after the token that ended it) and, for a request that ended, its ``finish_reason`` and
-   ``stop_reason``.
+   ``RequestDelta`` per request in ``new_token_ids``, in that order: the tokens it appended (up
+   to and including the token that ended it) and, for a request that ended, its
+   ``finish_reason`` and ``stop_reason``. Every id in ``new_token_ids`` names a request the
+   scheduler holds (the engine leaves out the ones that ended meanwhile).
 6. **Ended from outside.** ``finish_requests(ids, status)`` ends the waiting or running
    requests among ``ids`` (an abort, a stop string, a failed row) with ``status``, as in 5, and
    returns them, in any order; other ids (unknown, or ended already) are ignored.

@@ -110,7 +110,7 @@ class RequestDelta:
     request_id: str  # the sample's id
     new_token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; None: running on
-    stop_reason: int | str | None = None  # the stop token id that ended it
+    stop_reason: int | str | None = None  # the stop_token_ids entry that ended it (None: EOS, a length)
     error: str | None = None  # why it failed (finish_reason == "error")
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served it
     new_logprobs: list[Logprobs] | None = None  # one per new token, when asked for
