@@ -226,9 +226,10 @@ def open_file_limit() -> int:
 
 
 def connection_budget(requested: int | None, fd_limit: int) -> tuple[int, int]:
-    """(cap, hard cap): shed past ``cap``; refuse outright at ``hard cap`` (sockets being shed
-    close on the loop's next turn, so a burst accepted in one turn overshoots the cap by up to
-    ``hard - cap``). Both stay under the open-file limit with room for the process's own
+    """(cap, hard cap): shed past ``cap``; refuse outright past ``hard cap`` connections not
+    being shed (sockets being shed close on the loop's next turn, so a burst accepted in one turn
+    may hold more descriptors for that turn; one past the limit fails ``accept``, which is
+    counted and retried, see :meth:`ConnectionGuard.accept_failed`). Both stay under the open-file limit with room for the process's own
     files (the model, the core's socket, the tokenizer, logs): a quarter of the limit, at
     least 32 and at most 256 descriptors."""
     headroom = max(32, min(256, fd_limit // 4))
@@ -273,7 +274,9 @@ class ConnectionGuard:
         self.open += 1
         if self.over_cap():
             self.shed_one()
-        if self.open > self.hard_cap:
+        # a connection being shed is gone on the loop's next turn: a burst accepted in one turn
+        # is refused only when there is nothing left to shed for it
+        if self.open - len(self._shedding) > self.hard_cap:
             self._count("refused")
             return False
         self._gauge()
