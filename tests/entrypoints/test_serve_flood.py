@@ -106,6 +106,41 @@ def test_the_budget_stays_under_the_open_file_limit():
     assert soft >= min(hard_limit, 1024)
 
 
+def test_a_burst_past_the_hard_cap_is_refused_only_when_nothing_is_left_to_shed():
+    """Connections being shed close on the loop's next turn; until then they still count as
+    open. A burst accepted in one turn must not be refused for them: past the hard cap a newcomer
+    is refused only when no connection is being shed or can be."""
+    import h11
+
+    class HalfOpen:  # what the guard looks at of a protocol that never sent a request head
+        def __init__(self):
+            self.cycle, self.closed = None, False
+            self.conn = type("Conn", (), {"their_state": h11.IDLE})()
+            self.transport = self
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+    guard = ConnectionGuard(max_connections=8, fd_limit=1024)
+    cap, hard = guard.cap, guard.hard_cap
+    flood = []
+    for _ in range(hard):  # half-open ones, each accepted and then waiting for its head
+        assert guard.accepted()
+        conn = HalfOpen()
+        guard.waiting(conn, served=False)
+        flood.append(conn)
+    assert guard.shed["incomplete"] == hard - cap  # shed as they came past the cap, not closed yet
+    burst = [guard.accepted() for _ in range(hard)]  # one turn: none of the shed ones closed yet
+    assert all(burst) and guard.shed["refused"] == 0
+    # now nothing is left to shed (the burst is not yet seen by a protocol) and the connections
+    # not being shed fill the hard cap: the next newcomer is refused
+    assert guard.open - len(guard._shedding) == hard
+    assert not guard.accepted() and guard.shed["refused"] == 1
+
+
 def test_a_failing_accept_is_counted_and_logged_once_not_per_attempt():
     guard = ConnectionGuard(fd_limit=1024)
     loop_calls = []
