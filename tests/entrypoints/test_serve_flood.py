@@ -106,30 +106,34 @@ def test_the_budget_stays_under_the_open_file_limit():
     assert soft >= min(hard_limit, 1024)
 
 
+class WaitingConnection:
+    """What the connection guard looks at of a protocol that waits for a request head (one never
+    sent, or the next one on a kept-alive connection): its parser state, and a transport to close."""
+
+    def __init__(self):
+        import h11
+
+        self.cycle, self.closed = None, False
+        self.conn = type("Conn", (), {"their_state": h11.IDLE})()
+        self.transport = self
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+
 def test_a_burst_past_the_hard_cap_is_refused_only_when_nothing_is_left_to_shed():
     """Connections being shed close on the loop's next turn; until then they still count as
     open. A burst accepted in one turn must not be refused for them: past the hard cap a newcomer
     is refused only when no connection is being shed or can be."""
-    import h11
-
-    class HalfOpen:  # what the guard looks at of a protocol that never sent a request head
-        def __init__(self):
-            self.cycle, self.closed = None, False
-            self.conn = type("Conn", (), {"their_state": h11.IDLE})()
-            self.transport = self
-
-        def is_closing(self):
-            return self.closed
-
-        def close(self):
-            self.closed = True
-
     guard = ConnectionGuard(max_connections=8, fd_limit=1024)
     cap, hard = guard.cap, guard.hard_cap
     flood = []
     for _ in range(hard):  # half-open ones, each accepted and then waiting for its head
         assert guard.accepted()
-        conn = HalfOpen()
+        conn = WaitingConnection()
         guard.waiting(conn, served=False)
         flood.append(conn)
     assert guard.shed["incomplete"] == hard - cap  # shed as they came past the cap, not closed yet
@@ -164,26 +168,12 @@ def test_a_failing_accept_is_counted_and_logged_once_not_per_attempt():
 def test_an_accept_out_of_descriptors_sheds_an_idle_connection_and_ends_the_turn():
     """asyncio retries a failing accept up to ``backlog`` times per turn, reporting each; the
     listener stops that: one failure per turn, counted, and an idle connection shed."""
-    import h11
-
-    class Idle:  # what the guard looks at of a protocol
-        def __init__(self):
-            self.cycle, self.closed = None, False
-            self.conn = type("Conn", (), {"their_state": h11.IDLE})()
-            self.transport = self
-
-        def is_closing(self):
-            return self.closed
-
-        def close(self):
-            self.closed = True
-
     class Full(GuardedListener):
         def _accept(self):
             raise OSError(errno.EMFILE, "Too many open files")
 
     guard = ConnectionGuard(fd_limit=1024)
-    idle = Idle()
+    idle = WaitingConnection()
     guard.waiting(idle, served=True)
     sock = Full(socket.AF_INET, socket.SOCK_STREAM)
     sock.guard = guard
