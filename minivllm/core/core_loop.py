@@ -143,7 +143,8 @@ class EngineCoreLoop:
         outputs = outputs or EngineCoreOutputs([])
         if self._deltas:
             outputs.deltas[:0], self._deltas = self._deltas, []
-        outputs.state = self.core.core_state()
+        if outputs.state is None:  # a step's outputs hold the state the step left already
+            outputs.state = self.core.core_state()
         self.emit(outputs)
 
     def _shutdown(self) -> None:

@@ -158,12 +158,9 @@ class EngineCoreBase:
         """The step's :class:`EngineCoreOutputs` from its ``deltas`` (``update_from_output``'s and
         those of the requests it failed): each delta gets its request's ``num_cached_tokens``,
         its log-probabilities from ``result`` (a delta is added for a request that has only
-        prompt log-probabilities) and, for one that ended, the times stamped on it."""
-        by_id = {req.request_id: req for req in plan.requests}
-        for kids in plan.forks.values():
-            by_id.update((kid.request_id, kid) for kid in kids)
-        by_id.update(self._ended_in_step)
-        live = self.scheduler.requests
+        prompt log-probabilities) and, for one that ended, the times stamped on it. A delta's
+        request is live in the scheduler or, if it ended, was recorded finished in this step."""
+        ended, live = self._ended_in_step, self.scheduler.requests
         if result is not None and result.prompt_logprobs:
             have = {d.request_id for d in deltas}
             deltas.extend(RequestDelta(rid, []) for rid in result.prompt_logprobs if rid not in have)
@@ -171,7 +168,7 @@ class EngineCoreBase:
         prompt_logprobs = result.prompt_logprobs if result is not None else {}
         for d in deltas:
             rid = d.request_id
-            req = by_id.get(rid) or live.get(rid)
+            req = ended.get(rid) or live.get(rid)
             if req is not None:
                 d.num_cached_tokens = req.num_cached_tokens
                 if d.finish_reason is not None:

@@ -210,6 +210,15 @@ def _(ex):
     compare(ex, trace, max_num_seqs=2, budget=32)
 
 
+def _by_hand(ex, max_num_seqs: int):
+    """``(kv, scheduler)``: the student's scheduler over a 16-block pool seen through the protocol
+    only, a budget of 64 tokens, chunking off -- to be driven by hand."""
+    from minivllm.core.kv_cache_manager import KVCacheManager
+
+    kv = ProtocolOnlyKV(KVCacheManager(16, 16, enable_caching=False))
+    return kv, ex.ContinuousScheduler(scheduler_config(max_num_seqs, 64, False), kv)
+
+
 def check_deltas(deltas, expected: list[tuple], call: str) -> None:
     """``deltas`` (what ``call`` returned) against ``expected``, one ``(request id, tokens
     appended, finish_reason, stop_reason)`` per request given tokens, in the order given."""
@@ -233,12 +242,10 @@ def check_deltas(deltas, expected: list[tuple], call: str) -> None:
       "update_from_output returns one RequestDelta per request in new_token_ids, in that order; "
       "finish_requests the requests that call ended, whatever their order, and nothing else")
 def _(ex):
-    from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.request import Request, RequestStatus
     from minivllm.sampling_params import SamplingParams
 
-    kv = ProtocolOnlyKV(KVCacheManager(16, 16, enable_caching=False))
-    sched = ex.ContinuousScheduler(scheduler_config(2, 64, False), kv)
+    kv, sched = _by_hand(ex, max_num_seqs=2)
     lengths = {"one": 1, "two": 2, "many": 9, "queued": 9}  # max_tokens of each
     for rid, n in lengths.items():
         sched.add_request(Request(rid, [5, 6, 7], SamplingParams(max_tokens=n, ignore_eos=True)))
@@ -267,12 +274,10 @@ def _(ex):
       "policy 5: each of a request's new tokens is appended in order under the stop rules; the token "
       "that ends it is its last, and the ones after it are dropped (from the request and from its delta)")
 def _(ex):
-    from minivllm.core.kv_cache_manager import KVCacheManager
     from minivllm.request import Request, RequestStatus
     from minivllm.sampling_params import SamplingParams
 
-    kv = ProtocolOnlyKV(KVCacheManager(16, 16, enable_caching=False))
-    sched = ex.ContinuousScheduler(scheduler_config(4, 64, False), kv)
+    kv, sched = _by_hand(ex, max_num_seqs=4)
     # 'stops' ends on token 3; 'capped' on its 4th output token; 'goes_on' on neither
     by_id = {"stops": Request("stops", [5, 6], SamplingParams(max_tokens=9, stop_token_ids=[3])),
              "capped": Request("capped", [5, 6], SamplingParams(max_tokens=4, ignore_eos=True)),
